@@ -1,0 +1,35 @@
+"""pyro_bbb: variational Bayesian neural networks (Bayes by Backprop) as Pyro models.
+
+A network becomes a Pyro model whose weights are sample sites (:func:`bayesianize`,
+:func:`mlp`, :class:`BNN`); a guide approximates their posterior (:class:`MeanFieldGuide`
+or any Pyro autoguide); :func:`fit` maximises a β-annealed ELBO; :func:`predict` returns
+calibrated predictive uncertainty. ``import pyro_bbb`` needs no matplotlib.
+"""
+
+from . import elbo, likelihoods, metrics, priors
+from .guides import MeanFieldGuide
+from .model import BNN
+from .nn import BayesianAffine, bayesianize, mlp
+from .predict import ClassificationPrediction, Prediction, RegressionPrediction, predict
+from .train import Callback, History, fit
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BNN",
+    "BayesianAffine",
+    "Callback",
+    "ClassificationPrediction",
+    "History",
+    "MeanFieldGuide",
+    "Prediction",
+    "RegressionPrediction",
+    "bayesianize",
+    "elbo",
+    "fit",
+    "likelihoods",
+    "metrics",
+    "mlp",
+    "predict",
+    "priors",
+]

@@ -1,0 +1,419 @@
+"""Data sets for examples, tests and benchmarks, returned as torch tensors.
+
+This module holds the 1-D "gap" regression toy problem, scikit-learn's bundled digits images,
+a loader for the standard UCI regression split folders (``data.txt`` plus ``index_*.txt``
+files), and a tiny :class:`Standardizer`. It does not download anything, build data loaders or
+train models. Features are float32; regression targets are float32 and class labels int64.
+
+The UCI split-folder layout is the one used by Hernández-Lobato and Adams, *Probabilistic
+Backpropagation*, ICML 2015 (https://arxiv.org/abs/1502.05336), and later by Gal and
+Ghahramani's dropout benchmarks: ``data.txt`` is a whitespace-separated matrix, and the index
+files hold one 0-based integer per line.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+import torch
+
+__all__ = [
+    "Split",
+    "Standardizer",
+    "ToyData",
+    "digits",
+    "gap_function",
+    "gap_regions",
+    "gap_regression",
+    "load_uci",
+    "uci_num_splits",
+]
+
+_GAP_DATA_INTERVALS: tuple[tuple[float, float], ...] = ((-4.0, -1.0), (1.0, 4.0))
+_GAP_INTERVALS: tuple[tuple[float, float], ...] = ((-1.0, 1.0),)
+_GAP_EXTRAPOLATION_INTERVALS: tuple[tuple[float, float], ...] = ((-7.0, -4.0), (4.0, 7.0))
+
+
+class ToyData(NamedTuple):
+    """A toy regression data set.
+
+    Attributes:
+        x: Inputs, shape ``(num_data, 1)``, float32.
+        y: Targets, shape ``(num_data,)``, float32.
+    """
+
+    x: torch.Tensor
+    y: torch.Tensor
+
+
+class Split(NamedTuple):
+    """A train/test split.
+
+    Attributes:
+        x_train: Training features, shape ``(num_train, ...)``, float32.
+        y_train: Training targets, shape ``(num_train,)``: float32 for regression, int64 labels
+            for classification.
+        x_test: Test features, shape ``(num_test, ...)``, float32.
+        y_test: Test targets, shape ``(num_test,)``, same dtype as ``y_train``.
+    """
+
+    x_train: torch.Tensor
+    y_train: torch.Tensor
+    x_test: torch.Tensor
+    y_test: torch.Tensor
+
+
+# ---------------------------------------------------------------------------------------------
+# Toy regression with a gap
+# ---------------------------------------------------------------------------------------------
+
+
+def gap_function(x: torch.Tensor) -> torch.Tensor:
+    r"""The noiseless regression function of :func:`gap_regression`, :math:`f(x) = \sin(x)`.
+
+    Args:
+        x: Inputs of any shape.
+
+    Returns:
+        :math:`\sin(x)`, same shape as ``x``.
+    """
+    return torch.sin(x)
+
+
+def gap_regions() -> dict[str, list[tuple[float, float]]]:
+    """The input intervals of the gap problem, for shading plots and scoring by region.
+
+    Every value is a list of closed ``(low, high)`` intervals, so each region can be passed
+    straight to :func:`pyro_bbb.plots.plot_regression_bands` as ``shade=``.
+
+    Returns:
+        A fresh dict with keys
+
+        * ``"data"``: ``[(-4, -1), (1, 4)]``, where :func:`gap_regression` draws inputs;
+        * ``"gap"``: ``[(-1, 1)]``, between the two clusters, where a good model's epistemic
+          uncertainty should grow;
+        * ``"extrapolation"``: ``[(-7, -4), (4, 7)]``, beyond the data on either side.
+    """
+    return {
+        "data": list(_GAP_DATA_INTERVALS),
+        "gap": list(_GAP_INTERVALS),
+        "extrapolation": list(_GAP_EXTRAPOLATION_INTERVALS),
+    }
+
+
+def gap_regression(num_data: int = 160, noise: float = 0.1, seed: int = 0) -> ToyData:
+    r"""Draw the 1-D regression problem with a gap in the middle of its inputs.
+
+    Half of the inputs (rounded down) are uniform on :math:`[-4, -1)`, the rest uniform on
+    :math:`[1, 4)`, so no input lies in the gap :math:`(-1, 1)`; targets are
+
+    .. math:: y = \sin(x) + \varepsilon, \qquad \varepsilon \sim \mathcal{N}(0, \text{noise}^2).
+
+    Points are returned in random order. A seeded ``torch.Generator`` is used, so the global
+    random state is untouched and the same seed always gives the same data.
+
+    Args:
+        num_data: Number of points, at least 2 so that both sides are populated.
+        noise: Standard deviation of the Gaussian observation noise, non-negative.
+        seed: Seed of the generator.
+
+    Returns:
+        A :class:`ToyData` with ``x`` of shape ``(num_data, 1)`` and ``y`` of shape
+        ``(num_data,)``, both float32.
+
+    Raises:
+        ValueError: If ``num_data`` is not an int >= 2 or ``noise`` is negative.
+    """
+    if isinstance(num_data, bool) or not isinstance(num_data, int) or num_data < 2:
+        raise ValueError(f"num_data must be an int >= 2, got {num_data!r}")
+    if not noise >= 0:
+        raise ValueError(f"noise must be non-negative, got {noise!r}")
+    generator = torch.Generator().manual_seed(seed)
+    (left_low, left_high), (right_low, right_high) = _GAP_DATA_INTERVALS
+    num_left = num_data // 2
+    u = torch.rand(num_data, generator=generator, dtype=torch.float64)
+    x = torch.cat(
+        [
+            left_low + (left_high - left_low) * u[:num_left],
+            right_low + (right_high - right_low) * u[num_left:],
+        ]
+    )
+    x = x[torch.randperm(num_data, generator=generator)]
+    y = gap_function(x) + noise * torch.randn(num_data, generator=generator, dtype=torch.float64)
+    return ToyData(x=x.float().unsqueeze(-1), y=y.float())
+
+
+# ---------------------------------------------------------------------------------------------
+# scikit-learn digits
+# ---------------------------------------------------------------------------------------------
+
+
+def digits(test_fraction: float = 0.25, seed: int = 0, *, images: bool = False) -> Split:
+    """Load scikit-learn's bundled 8x8 handwritten digits (1,797 images, 10 classes).
+
+    Pixel intensities (0 to 16) are divided by 16 so features lie in ``[0, 1]``. The split is
+    stratified by class, so train and test have the same class proportions up to rounding.
+    Nothing is downloaded: the data ship with scikit-learn.
+
+    Args:
+        test_fraction: Fraction of the points held out for testing, in ``(0, 1)``.
+        seed: Seed of the shuffle before splitting.
+        images: If True, return features as images of shape ``(n, 1, 8, 8)`` (for conv layers)
+            instead of flat vectors of shape ``(n, 64)``.
+
+    Returns:
+        A :class:`Split` with float32 features in ``[0, 1]`` of shape ``(n, 64)`` or
+        ``(n, 1, 8, 8)`` and int64 labels in ``[0, 10)`` of shape ``(n,)``.
+
+    Raises:
+        ImportError: If scikit-learn is not installed.
+        ValueError: If ``test_fraction`` is not in ``(0, 1)``.
+    """
+    if not 0 < test_fraction < 1:
+        raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction!r}")
+    try:
+        from sklearn.datasets import load_digits
+        from sklearn.model_selection import train_test_split
+    except ImportError as error:
+        raise ImportError(
+            "digits() needs scikit-learn, which is not installed; run `pip install scikit-learn`"
+        ) from error
+    bunch = load_digits()
+    x = np.asarray(bunch.data, dtype=np.float32) / 16.0
+    y = np.asarray(bunch.target, dtype=np.int64)
+    x_train, x_test, y_train, y_test = train_test_split(
+        x, y, test_size=test_fraction, random_state=seed, stratify=y
+    )
+    shape = (-1, 1, 8, 8) if images else (-1, 64)
+    return Split(
+        x_train=torch.from_numpy(x_train).reshape(shape),
+        y_train=torch.from_numpy(y_train),
+        x_test=torch.from_numpy(x_test).reshape(shape),
+        y_test=torch.from_numpy(y_test),
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# UCI split folders
+# ---------------------------------------------------------------------------------------------
+
+_TRAIN_INDEX_FILE = re.compile(r"index_train_(\d+)\.txt")
+
+
+def _uci_file(folder: Path, name: str) -> Path:
+    path = folder / name
+    if not path.is_file():
+        raise FileNotFoundError(f"UCI folder {str(folder)!r} has no file {name!r}")
+    return path
+
+
+def _read_indices(folder: Path, name: str) -> np.ndarray:
+    """Read one 0-based index per line; accepts integers written as floats, like ``"3.0"``."""
+    values = np.loadtxt(_uci_file(folder, name), dtype=np.float64, ndmin=1)
+    if values.size and not np.all(values == np.round(values)):
+        raise ValueError(f"{name!r} in UCI folder {str(folder)!r} must hold integer indices")
+    return values.astype(np.int64)
+
+
+def _check_index_range(indices: np.ndarray, size: int, name: str, folder: Path) -> None:
+    if indices.size == 0:
+        raise ValueError(f"{name!r} in UCI folder {str(folder)!r} holds no indices")
+    if indices.min() < 0 or indices.max() >= size:
+        raise ValueError(
+            f"{name!r} in UCI folder {str(folder)!r} must hold indices in [0, {size}), "
+            f"got [{indices.min()}, {indices.max()}]"
+        )
+
+
+def uci_num_splits(folder: str | os.PathLike[str]) -> int:
+    """Number of train/test splits in a UCI split folder.
+
+    Reads ``n_splits.txt`` if the folder has one; otherwise counts the ``index_train_K.txt``
+    files.
+
+    Args:
+        folder: Path of the data set's folder (e.g. ``.../uci/boston``).
+
+    Returns:
+        The number of splits; split indices run from 0 to this minus one.
+
+    Raises:
+        FileNotFoundError: If the folder does not exist, or has neither ``n_splits.txt`` nor any
+            ``index_train_K.txt`` file.
+    """
+    root = Path(folder)
+    if not root.is_dir():
+        raise FileNotFoundError(f"UCI folder {str(root)!r} does not exist")
+    n_splits_file = root / "n_splits.txt"
+    if n_splits_file.is_file():
+        return int(float(n_splits_file.read_text().split()[0]))
+    count = sum(1 for path in root.iterdir() if _TRAIN_INDEX_FILE.fullmatch(path.name))
+    if count == 0:
+        raise FileNotFoundError(
+            f"UCI folder {str(root)!r} has no file 'n_splits.txt' and no 'index_train_K.txt' files"
+        )
+    return count
+
+
+def load_uci(folder: str | os.PathLike[str], split: int = 0) -> Split:
+    """Load one train/test split of a UCI regression data set stored in split-folder format.
+
+    The folder holds ``data.txt`` (a whitespace-separated matrix, one row per point),
+    ``index_features.txt`` and ``index_target.txt`` (0-based column indices), and for each split
+    ``K`` the files ``index_train_K.txt`` and ``index_test_K.txt`` (0-based row indices). Index
+    files hold one integer per line; integers written as floats (``"3.0"``) are accepted.
+
+    Nothing is standardized here; fit a :class:`Standardizer` on the training part.
+
+    Args:
+        folder: Path of the data set's folder (e.g. ``.../uci/boston``).
+        split: Which split to load, in ``[0, uci_num_splits(folder))``.
+
+    Returns:
+        A :class:`Split` with float32 features of shape ``(num_train, num_features)`` and
+        ``(num_test, num_features)`` and float32 targets of shape ``(num_train,)`` and
+        ``(num_test,)`` (``(n, num_targets)`` if ``index_target.txt`` lists several columns).
+
+    Raises:
+        FileNotFoundError: If the folder or one of the files is missing; the message names the
+            file and the folder.
+        ValueError: If ``split`` is out of range or an index file holds non-integer or
+            out-of-range indices.
+    """
+    root = Path(folder)
+    num_splits = uci_num_splits(root)
+    if isinstance(split, bool) or not isinstance(split, int) or not 0 <= split < num_splits:
+        raise ValueError(
+            f"split must be an int in [0, {num_splits}) for UCI folder {str(root)!r}, got {split!r}"
+        )
+    data = np.loadtxt(_uci_file(root, "data.txt"), dtype=np.float64, ndmin=2)
+    num_rows, num_columns = data.shape
+    feature_columns = _read_indices(root, "index_features.txt")
+    target_columns = _read_indices(root, "index_target.txt")
+    train_rows = _read_indices(root, f"index_train_{split}.txt")
+    test_rows = _read_indices(root, f"index_test_{split}.txt")
+    _check_index_range(feature_columns, num_columns, "index_features.txt", root)
+    _check_index_range(target_columns, num_columns, "index_target.txt", root)
+    _check_index_range(train_rows, num_rows, f"index_train_{split}.txt", root)
+    _check_index_range(test_rows, num_rows, f"index_test_{split}.txt", root)
+
+    x = torch.from_numpy(data[:, feature_columns]).float()
+    y = torch.from_numpy(data[:, target_columns]).float()
+    if target_columns.size == 1:
+        y = y.squeeze(-1)
+    train = torch.from_numpy(train_rows)
+    test = torch.from_numpy(test_rows)
+    return Split(x_train=x[train], y_train=y[train], x_test=x[test], y_test=y[test])
+
+
+# ---------------------------------------------------------------------------------------------
+# Standardization
+# ---------------------------------------------------------------------------------------------
+
+
+class Standardizer:
+    r"""Shift and scale to zero mean and unit variance, with statistics fitted on training data.
+
+    ``transform`` computes :math:`(x - \mu) / \sigma` with :math:`\mu`, :math:`\sigma` the
+    per-column mean and population standard deviation of the data passed to :meth:`fit`;
+    :math:`\sigma` is floored at ``min_std`` so constant columns map to 0 instead of NaN.
+
+    Typical use on regression targets::
+
+        y_scaler = Standardizer().fit(split.y_train)
+        y_train = y_scaler.transform(split.y_train)
+        ...  # predict loc, scale in standardized units
+        loc = y_scaler.inverse_transform(loc)
+        scale = y_scaler.inverse_scale(scale)
+
+    Args:
+        min_std: Floor on the fitted standard deviation, positive.
+
+    Raises:
+        ValueError: If ``min_std`` is not positive.
+
+    Attributes:
+        mean: Per-column mean, shape ``x.shape[1:]``; None before :meth:`fit`.
+        std: Per-column floored standard deviation, shape ``x.shape[1:]``; None before
+            :meth:`fit`.
+    """
+
+    def __init__(self, min_std: float = 1e-6) -> None:
+        if not min_std > 0:
+            raise ValueError(f"min_std must be positive, got {min_std!r}")
+        self.min_std = min_std
+        self.mean: torch.Tensor | None = None
+        self.std: torch.Tensor | None = None
+
+    def fit(self, x: torch.Tensor) -> Standardizer:
+        """Compute the per-column mean and standard deviation of ``x`` over its first dimension.
+
+        Args:
+            x: Training data, shape ``(n,)`` or ``(n, features)``, with ``n >= 1``.
+
+        Returns:
+            This standardizer, so that ``Standardizer().fit(x)`` can be chained.
+
+        Raises:
+            ValueError: If ``x`` has no rows.
+        """
+        if x.dim() == 0 or x.shape[0] == 0:
+            raise ValueError(f"x must have at least one row, got shape {tuple(x.shape)}")
+        x = x.detach()
+        self.mean = x.mean(dim=0)
+        self.std = x.std(dim=0, correction=0).clamp_min(self.min_std)
+        return self
+
+    def _fitted(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.mean is None or self.std is None:
+            raise RuntimeError("Standardizer is not fitted; call fit(x_train) first")
+        return self.mean.to(x), self.std.to(x)
+
+    def transform(self, x: torch.Tensor) -> torch.Tensor:
+        r"""Standardize: :math:`(x - \mu) / \sigma`.
+
+        Args:
+            x: Data with trailing shape matching the fitted data, e.g. ``(batch, features)``.
+
+        Returns:
+            Standardized data, same shape as ``x``.
+
+        Raises:
+            RuntimeError: If :meth:`fit` has not been called.
+        """
+        mean, std = self._fitted(x)
+        return (x - mean) / std
+
+    def inverse_transform(self, x: torch.Tensor) -> torch.Tensor:
+        r"""Undo :meth:`transform`: :math:`x \sigma + \mu`.
+
+        Args:
+            x: Standardized data, e.g. predictive means ``(num_samples, batch)``.
+
+        Returns:
+            Data in original units, same shape as ``x``.
+
+        Raises:
+            RuntimeError: If :meth:`fit` has not been called.
+        """
+        mean, std = self._fitted(x)
+        return x * std + mean
+
+    def inverse_scale(self, scale: torch.Tensor) -> torch.Tensor:
+        r"""Map a standard deviation from standardized to original units: :math:`s \sigma`.
+
+        Args:
+            scale: Standard deviations in standardized units, e.g. ``(num_samples, batch)``.
+
+        Returns:
+            Standard deviations in original units, same shape as ``scale``.
+
+        Raises:
+            RuntimeError: If :meth:`fit` has not been called.
+        """
+        _, std = self._fitted(scale)
+        return scale * std

@@ -1,0 +1,367 @@
+r"""β schedules and the β-annealed ELBO.
+
+The objective, over the whole data set of ``N`` points, is
+
+.. math::
+
+    \mathcal{L}_\beta(q) = \mathbb{E}_{q(w)}\Big[\sum_{i=1}^N \log p(y_i \mid x_i, w)\Big]
+        - \beta\, \mathrm{KL}\big(q(w) \,\|\, p(w)\big).
+
+β multiplies every *latent* term, in the model (log prior) and the guide (log q) alike, and
+never an observed one. A minibatch of ``B`` points enters with its log-likelihood scaled by
+``N / B`` (the model's subsampled plate), and the KL once per step. The KL of a site is
+computed in closed form where ``torch.distributions.kl_divergence`` has a rule for the
+guide/prior pair (Normal guide, Gaussian prior) and by Monte Carlo otherwise (scale-mixture
+prior, Pyro autoguides). See ``docs/kl_scaling.md`` for how this maps to the seeds' forms.
+
+This module holds no training loop: :func:`~pyro_bbb.fit` sets :attr:`AnnealedELBO.beta`
+from a schedule at each step.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import NamedTuple
+
+import pyro.poutine as poutine
+import torch
+from pyro.distributions.kl import kl_divergence
+from pyro.distributions.util import scale_and_mask
+from pyro.infer import ELBO
+from pyro.poutine.util import site_is_subsample
+
+__all__ = [
+    "AnnealedELBO",
+    "BetaSchedule",
+    "Constant",
+    "Cyclical",
+    "ELBOTerms",
+    "Linear",
+    "Sigmoid",
+    "as_schedule",
+]
+
+
+# ----------------------------------------------------------------------------- schedules
+class BetaSchedule:
+    """A KL weight as a function of training progress.
+
+    ``schedule(t)`` returns β for progress ``t``. :func:`~pyro_bbb.fit` measures ``t`` in
+    epochs, fractional within an epoch (``t = epoch + step_in_epoch / steps_per_epoch``).
+    """
+
+    def __call__(self, t: float) -> float:
+        """β at progress ``t`` (epochs), a float ≥ 0."""
+        raise NotImplementedError
+
+
+def _positive(name: str, value: float) -> float:
+    if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+        raise ValueError(f"{name} must be a positive number, got {value!r}")
+    return float(value)
+
+
+class Constant(BetaSchedule):
+    """A fixed β. ``Constant(1.0)`` is the plain ELBO.
+
+    Args:
+        beta: The KL weight, ≥ 0.
+    """
+
+    def __init__(self, beta: float = 1.0) -> None:
+        if not (isinstance(beta, (int, float)) and math.isfinite(beta) and beta >= 0):
+            raise ValueError(f"beta must be a finite number >= 0, got {beta!r}")
+        self.beta = float(beta)
+
+    def __call__(self, t: float) -> float:  # noqa: D102
+        return self.beta
+
+    def __repr__(self) -> str:
+        return f"Constant({self.beta:g})"
+
+
+class Linear(BetaSchedule):
+    r"""Linear warm-up from ``start`` to ``end`` over ``warmup`` epochs.
+
+    :math:`\beta(t) = \text{start} + (\text{end} - \text{start})\min(1, t / \text{warmup})`.
+
+    Args:
+        warmup: Length of the ramp, in epochs (the seeds use 20–50).
+        start: β at ``t = 0``.
+        end: β after the warm-up.
+    """
+
+    def __init__(self, warmup: float, start: float = 0.0, end: float = 1.0) -> None:
+        self.warmup = _positive("warmup", warmup)
+        if not (start >= 0 and end >= 0):
+            raise ValueError(f"start and end must be >= 0, got start={start!r}, end={end!r}")
+        self.start, self.end = float(start), float(end)
+
+    def __call__(self, t: float) -> float:  # noqa: D102
+        return self.start + (self.end - self.start) * min(1.0, max(0.0, t / self.warmup))
+
+    def __repr__(self) -> str:
+        return f"Linear(warmup={self.warmup:g}, start={self.start:g}, end={self.end:g})"
+
+
+class Sigmoid(BetaSchedule):
+    r"""Sigmoid warm-up: :math:`\beta(t) = 1 / (1 + e^{-\text{steepness}\,(t - \text{midpoint})})`.
+
+    Args:
+        midpoint: The epoch at which β = ½.
+        steepness: Slope at the midpoint, per epoch.
+    """
+
+    def __init__(self, midpoint: float, steepness: float = 1.0) -> None:
+        if not (isinstance(midpoint, (int, float)) and math.isfinite(midpoint)):
+            raise ValueError(f"midpoint must be a finite number, got {midpoint!r}")
+        self.midpoint = float(midpoint)
+        self.steepness = _positive("steepness", steepness)
+
+    def __call__(self, t: float) -> float:  # noqa: D102
+        z = self.steepness * (t - self.midpoint)
+        return 1.0 / (1.0 + math.exp(-z)) if z > -700 else 0.0
+
+    def __repr__(self) -> str:
+        return f"Sigmoid(midpoint={self.midpoint:g}, steepness={self.steepness:g})"
+
+
+class Cyclical(BetaSchedule):
+    r"""Cyclical annealing (Fu et al. 2019, https://arxiv.org/abs/1903.10145).
+
+    Each cycle of ``cycle_length`` epochs ramps β linearly from 0 to 1 over its first
+    ``ratio`` fraction and holds it at 1 for the rest:
+    :math:`\beta(t) = \min\big(1, \frac{t \bmod L}{L \cdot \text{ratio}}\big)`.
+
+    Args:
+        cycle_length: ``L``, epochs per cycle.
+        ratio: Fraction of a cycle spent increasing β, in ``(0, 1]``.
+    """
+
+    def __init__(self, cycle_length: float, ratio: float = 0.5) -> None:
+        self.cycle_length = _positive("cycle_length", cycle_length)
+        if not (isinstance(ratio, (int, float)) and 0 < ratio <= 1):
+            raise ValueError(f"ratio must be in (0, 1], got {ratio!r}")
+        self.ratio = float(ratio)
+
+    def __call__(self, t: float) -> float:  # noqa: D102
+        phase = math.fmod(max(t, 0.0), self.cycle_length) / self.cycle_length
+        return min(1.0, phase / self.ratio)
+
+    def __repr__(self) -> str:
+        return f"Cyclical(cycle_length={self.cycle_length:g}, ratio={self.ratio:g})"
+
+
+ScheduleLike = float | BetaSchedule | Callable[[float], float]
+
+
+def as_schedule(beta: ScheduleLike) -> Callable[[float], float]:
+    """Turn a number into :class:`Constant`; pass schedules and callables through."""
+    if isinstance(beta, (int, float)) and not isinstance(beta, bool):
+        return Constant(beta)
+    if callable(beta):
+        return beta
+    raise TypeError(
+        f"beta must be a number, a BetaSchedule or a callable of the epoch, got {beta!r}"
+    )
+
+
+# ----------------------------------------------------------------------------- the ELBO
+class ELBOTerms(NamedTuple):
+    r"""One estimate of the annealed objective and its parts, all for the whole data set.
+
+    Attributes:
+        loss: :math:`-\\mathcal{L}_\\beta`, the differentiable scalar to minimise.
+        nll: Expected negative log-likelihood, :math:`-\\mathbb{E}_q \\sum_i \\log p(y_i|w)`.
+        kl: :math:`\\mathrm{KL}(q \\| p)`, unweighted by β (closed form or one-sample MC).
+        beta: The β used.
+        sites: Each site's contribution: its scaled log-likelihood (observed sites) or its
+            KL term (latent sites), for diagnostics such as locating a NaN.
+    """
+
+    loss: torch.Tensor
+    nll: torch.Tensor
+    kl: torch.Tensor
+    beta: float
+    sites: dict[str, torch.Tensor]
+
+
+def _signature(fn: object) -> tuple:
+    base = getattr(fn, "base_dist", None)
+    if base is None:
+        return (type(fn),)
+    return (type(fn), getattr(fn, "reinterpreted_batch_ndims", None), *_signature(base))
+
+
+class AnnealedELBO(ELBO):
+    r"""The β-weighted ELBO with closed-form KL where one exists.
+
+    .. math::
+
+        -\text{loss} = \frac{1}{S}\sum_{s=1}^S \Big[\log p(y \mid w_s) - \beta \sum_{k}
+            \mathrm{KL}_k\Big], \qquad w_s \sim q
+
+    where :math:`\mathrm{KL}_k = \mathrm{KL}(q_k \| p_k)` in closed form when registered, else
+    :math:`\log q_k(w_s) - \log p_k(w_s)`. With ``num_particles = S > 1`` the particles are
+    drawn in one vectorised pass (a ``pyro.plate`` left of the model's plates), never a
+    Python loop. Works with ``pyro.infer.SVI`` and any reparameterised guide, including
+    Pyro's autoguides (whose ``Delta`` sites get the Monte Carlo KL).
+
+    Args:
+        beta: Initial KL weight, ≥ 0; :func:`~pyro_bbb.fit` updates :attr:`beta` at each step.
+        num_particles: Samples of ``w`` per estimate.
+        max_plate_nesting: The model's plate depth; guessed from a first trace if omitted
+            (a :class:`~pyro_bbb.BNN` declares 1).
+        analytic_kl: Use closed-form KL terms where registered. ``False`` forces Monte Carlo.
+    """
+
+    def __init__(
+        self,
+        beta: float = 1.0,
+        *,
+        num_particles: int = 1,
+        max_plate_nesting: int | None = None,
+        analytic_kl: bool = True,
+    ) -> None:
+        if isinstance(num_particles, bool) or not isinstance(num_particles, int):
+            raise ValueError(f"num_particles must be a positive int, got {num_particles!r}")
+        if num_particles < 1:
+            raise ValueError(f"num_particles must be a positive int, got {num_particles!r}")
+        super().__init__(
+            num_particles=num_particles,
+            vectorize_particles=True,
+            max_plate_nesting=float("inf") if max_plate_nesting is None else max_plate_nesting,
+        )
+        self.beta = beta
+        self.analytic_kl = analytic_kl
+        self._has_closed_form: dict[tuple, bool] = {}
+
+    @property
+    def beta(self) -> float:
+        """The current KL weight."""
+        return self._beta
+
+    @beta.setter
+    def beta(self, value: float) -> None:
+        if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
+            raise ValueError(f"beta must be a finite number >= 0, got {value!r}")
+        self._beta = float(value)
+
+    # -- traces
+    def _traces(self, model, guide, args, kwargs):
+        if self.max_plate_nesting == float("inf"):
+            declared = getattr(model, "max_plate_nesting", None)
+            if isinstance(declared, int):
+                self.max_plate_nesting = declared + (self.num_particles > 1)
+            else:
+                self._guess_max_plate_nesting(model, guide, args, kwargs)
+        guide = self._vectorized_num_particles(guide)
+        model = self._vectorized_num_particles(model)
+        guide_trace = poutine.trace(guide).get_trace(*args, **kwargs)
+        model_trace = poutine.trace(poutine.replay(model, trace=guide_trace)).get_trace(
+            *args, **kwargs
+        )
+        return model_trace, guide_trace
+
+    def _get_trace(self, model, guide, args, kwargs):
+        model_trace, guide_trace = self._traces(model, guide, args, kwargs)
+        return model_trace, guide_trace
+
+    def _closed_form_kl(self, q, p) -> torch.Tensor | None:
+        if not self.analytic_kl:
+            return None
+        key = (_signature(q), _signature(p))
+        if self._has_closed_form.get(key) is False:
+            return None
+        try:
+            kl = kl_divergence(q, p)
+        except NotImplementedError:
+            self._has_closed_form[key] = False
+            return None
+        self._has_closed_form[key] = True
+        return kl
+
+    def terms(self, model, guide, *args, **kwargs) -> ELBOTerms:
+        """Estimate the objective and its parts from one (vectorised) draw.
+
+        Args:
+            model: The Pyro model.
+            guide: The guide; every latent site must be reparameterised.
+            *args: The model's arguments (e.g. a minibatch ``x, y``).
+            **kwargs: The model's keyword arguments.
+
+        Returns:
+            :class:`ELBOTerms` for this estimate.
+
+        Raises:
+            NotImplementedError: For a guide site without ``rsample``.
+            ValueError: For a model latent site the guide does not sample.
+        """
+        model_trace, guide_trace = self._traces(model, guide, args, kwargs)
+        log_lik = torch.zeros(())
+        kl = torch.zeros(())
+        sites: dict[str, torch.Tensor] = {}
+        for name, site in model_trace.nodes.items():
+            if site["type"] != "sample" or site_is_subsample(site):
+                continue
+            if site["is_observed"]:
+                term = self._log_prob(site)
+                log_lik = log_lik + term
+                sites[name] = term
+            elif name not in guide_trace.nodes:
+                raise ValueError(
+                    f"model site {name!r} is latent but the guide does not sample it; every "
+                    "latent site needs a guide site of the same name"
+                )
+        for name, site in guide_trace.nodes.items():
+            if site["type"] != "sample" or site["is_observed"] or site_is_subsample(site):
+                continue
+            if not site["fn"].has_rsample:
+                raise NotImplementedError(
+                    f"guide site {name!r} ({type(site['fn']).__name__}) is not "
+                    "reparameterisable; AnnealedELBO needs rsample (use Trace_ELBO for "
+                    "score-function gradients)"
+                )
+            model_site = model_trace.nodes.get(name)
+            if model_site is None:
+                if not site["infer"].get("is_auxiliary"):
+                    raise ValueError(f"guide site {name!r} is not in the model")
+                term = self._log_prob(site)
+            else:
+                term = self._kl_term(site, model_site)
+            kl = kl + term
+            sites[name] = term
+        particles = self.num_particles
+        nll = -log_lik / particles
+        kl = kl / particles
+        return ELBOTerms(nll + self.beta * kl, nll, kl, self.beta, sites)
+
+    def _kl_term(self, guide_site, model_site) -> torch.Tensor:
+        q, p = guide_site["fn"], model_site["fn"]
+        closed = self._closed_form_kl(q, p)
+        if closed is not None:
+            return scale_and_mask(closed, guide_site["scale"], guide_site["mask"]).sum()
+        return self._log_prob(guide_site) - self._log_prob(model_site)
+
+    @staticmethod
+    def _log_prob(site) -> torch.Tensor:
+        log_p = site["fn"].log_prob(site["value"])
+        return scale_and_mask(log_p, site["scale"], site["mask"]).sum()
+
+    # -- the pyro.infer.ELBO interface
+    def differentiable_loss(self, model, guide, *args, **kwargs) -> torch.Tensor:
+        """The negative annealed ELBO as a differentiable scalar."""
+        return self.terms(model, guide, *args, **kwargs).loss
+
+    def loss(self, model, guide, *args, **kwargs) -> float:
+        """The negative annealed ELBO as a float, without gradients."""
+        with torch.no_grad():
+            return self.terms(model, guide, *args, **kwargs).loss.item()
+
+    def loss_and_grads(self, model, guide, *args, **kwargs) -> float:
+        """Compute the loss and backpropagate it into the parameters (for ``pyro.infer.SVI``)."""
+        loss = self.terms(model, guide, *args, **kwargs).loss
+        if loss.requires_grad:
+            loss.backward()
+        return loss.item()

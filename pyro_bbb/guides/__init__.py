@@ -1,0 +1,10 @@
+"""Guides: variational families over a Bayesian network's weights.
+
+Each guide is a :class:`pyro.infer.autoguide.AutoGuide` that samples the model's own site
+names, so ``Predictive``, ``median()`` and ``quantiles()`` work, and any Pyro autoguide can
+be used in its place.
+"""
+
+from .mean_field import MeanFieldGuide
+
+__all__ = ["MeanFieldGuide"]

@@ -1,0 +1,147 @@
+r"""The Bayesian neural network as one Pyro model.
+
+:class:`BNN` joins a Bayesian network (from :func:`~pyro_bbb.bayesianize` or
+:func:`~pyro_bbb.mlp`) and a likelihood into ``model(x, y=None)``, with the data plate
+that makes minibatch training exact in expectation: a batch of ``B`` of the ``N`` training
+points has its log-likelihood scaled by :math:`N/B`, and the weights' prior counts once.
+Nothing here knows of guides or training.
+"""
+
+from __future__ import annotations
+
+import pyro
+import torch
+from pyro.infer.util import is_validation_enabled
+from pyro.nn import PyroModule
+from torch import nn
+
+from .likelihoods import Likelihood
+
+__all__ = ["BNN"]
+
+
+class BNN(PyroModule):
+    r"""A Bayesian neural network as a Pyro model :math:`p(y, w \mid x)`.
+
+    .. math::
+
+        w \sim p(w), \qquad y_i \mid x_i, w \sim p(y_i \mid f_w(x_i)),
+        \quad i \in \text{plate}(N)
+
+    ``model(x, y)`` on a minibatch of ``B`` rows observes ``y`` at the site ``"obs"``
+    inside ``pyro.plate("data", N)`` subsampled to ``B``, so Pyro scales its log-likelihood
+    by ``N / B``. ``model(x)`` samples ``"obs"`` for prediction, with the plate sized to
+    ``x``. The network's sites keep their own names (``"fc1.weight"``, not
+    ``"net.fc1.weight"``). It works unchanged with ``pyro.infer.SVI``, ``Predictive``,
+    ``pyro.render_model``, MCMC and any autoguide.
+
+    Args:
+        net: A Bayesian network (``PyroModule``), e.g. ``mlp([1, 50, 1])``.
+        likelihood: The observation model, e.g. ``likelihoods.Gaussian()``.
+        num_data: ``N``, the number of training points.
+
+    Raises:
+        TypeError: If ``net`` is not a ``PyroModule`` or ``likelihood`` not a ``Likelihood``.
+        ValueError: If ``num_data`` is not a positive int.
+    """
+
+    #: The model's data plate is the only plate; particle plates go at dim -2.
+    max_plate_nesting = 1
+    #: Name of the observation site.
+    observation_site = "obs"
+
+    def __init__(self, net: nn.Module, likelihood: Likelihood, num_data: int) -> None:
+        if not isinstance(net, PyroModule):
+            raise TypeError(
+                "net must be a Bayesian PyroModule, e.g. bayesianize(module) or "
+                f"mlp([...]); got {type(net).__name__}"
+            )
+        if not isinstance(likelihood, Likelihood):
+            raise TypeError(
+                "likelihood must be a pyro_bbb.likelihoods.Likelihood such as Gaussian(); "
+                f"got {type(likelihood).__name__}"
+            )
+        if isinstance(num_data, bool) or not isinstance(num_data, int) or num_data < 1:
+            raise ValueError(f"num_data must be a positive int, got {num_data!r}")
+        super().__init__()
+        self.net = net
+        self.likelihood = likelihood
+        self.num_data = num_data
+        # Root the network's site names at "" so they read "fc1.weight", not "net.fc1.weight".
+        net._pyro_set_supermodule("", self._pyro_context)
+
+    def __getattr__(self, name: str):
+        # PyroModule renames a child whose name is "" on every attribute access; reading
+        # the network straight from _modules keeps its sites rooted at "".
+        if name == "net" and "net" in self.__dict__.get("_modules", {}):
+            return self._modules["net"]
+        return super().__getattr__(name)
+
+    @property
+    def device(self) -> torch.device:
+        """The device of the network's parameters and priors."""
+        for tensor in self.net.buffers():
+            return tensor.device
+        for tensor in self.net.parameters():
+            return tensor.device
+        return torch.device("cpu")
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:
+        """Run the model.
+
+        Args:
+            x: Features ``(batch, *features)``, floating point, on the model's device.
+            y: Targets ``(batch,)`` or ``(batch, dim)``, or ``None`` to sample them.
+
+        Returns:
+            The observed or sampled targets, ``(*sample, batch[, dim])``.
+
+        Raises:
+            ValueError: On integer features, mismatched batch sizes or devices, a batch
+                larger than ``num_data``, or targets the likelihood cannot take.
+        """
+        self._check_inputs(x, y)
+        output = self.net(x)
+        batch = x.shape[0]
+        if y is None:
+            plate = pyro.plate("data", batch)
+        else:
+            self.likelihood.check_target(y, output.shape[-1], values=is_validation_enabled())
+            y = self.likelihood.as_observation(y, output)
+            subsample = None if batch == self.num_data else torch.arange(batch, device=x.device)
+            plate = pyro.plate("data", self.num_data, subsample=subsample)
+        with plate:
+            return pyro.sample(self.observation_site, self.likelihood(output), obs=y)
+
+    def _check_inputs(self, x: torch.Tensor, y: torch.Tensor | None) -> None:
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+        if not torch.is_floating_point(x):
+            raise ValueError(f"x must be floating point (e.g. x.float()), got dtype {x.dtype}")
+        if x.dim() < 2:
+            raise ValueError(f"x must be (batch, *features), got shape {tuple(x.shape)}")
+        device = self.device
+        if x.device != device:
+            raise ValueError(
+                f"x is on {x.device} but the model is on {device}; move x with "
+                f"x.to({str(device)!r}) or pass device= to fit/predict"
+            )
+        if y is None:
+            return
+        if not isinstance(y, torch.Tensor):
+            raise TypeError(f"y must be a torch.Tensor, got {type(y).__name__}")
+        if y.device != x.device:
+            raise ValueError(f"y is on {y.device} but x is on {x.device}")
+        if y.shape[:1] != x.shape[:1]:
+            raise ValueError(
+                f"x and y must have the same number of rows, got x {tuple(x.shape)} and "
+                f"y {tuple(y.shape)}"
+            )
+        if x.shape[0] > self.num_data:
+            raise ValueError(
+                f"the batch has {x.shape[0]} rows but num_data={self.num_data}; "
+                "num_data must be the size of the whole training set"
+            )
+        if is_validation_enabled() and not torch.isfinite(x).all():
+            bad = (~torch.isfinite(x)).nonzero()[0].tolist()
+            raise ValueError(f"x contains NaN or inf (first at index {bad})")

@@ -1,0 +1,264 @@
+"""Weight priors, and how a prior specification becomes a site's distribution.
+
+This module holds the prior families (:class:`Gaussian`, :class:`ScaleMixture`,
+:class:`FanInGaussian`) and :func:`resolve_prior`, which picks a prior for a parameter by
+name pattern. It knows nothing of guides or inference.
+
+A *prior specification* is a small object with one method,
+``site_distribution(shape, fan_in=..., device=..., dtype=...)``, that returns the
+distribution of one parameter: batch shape ``()`` and event shape ``shape``. The Bayesian
+layers call it lazily, on every model execution, with the layer's own device, so
+``model.to("cuda")`` moves the priors with the network and nothing is built on the CPU behind
+the user's back.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import math
+from collections.abc import Mapping
+from numbers import Real
+from typing import Protocol, runtime_checkable
+
+import pyro.distributions as dist
+import torch
+from pyro.distributions import constraints
+from torch.distributions.utils import broadcast_all
+
+__all__ = [
+    "FanInGaussian",
+    "Gaussian",
+    "Prior",
+    "PriorSpec",
+    "ScaleMixture",
+    "resolve_prior",
+]
+
+
+@runtime_checkable
+class Prior(Protocol):
+    """What a prior specification must provide."""
+
+    def site_distribution(
+        self, shape: torch.Size, *, fan_in: int, device: torch.device, dtype: torch.dtype
+    ) -> dist.TorchDistribution:
+        """Return the prior of one parameter of shape ``shape`` (all dims are event dims)."""
+        ...
+
+
+PriorSpec = Prior | Mapping[str, Prior]
+"""A single prior for every site, or a mapping from ``fnmatch`` patterns to priors."""
+
+
+def _check_positive(name: str, value: float) -> float:
+    if not isinstance(value, Real) or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name} must be a positive finite number, got {value!r}")
+    return float(value)
+
+
+def _independent(base: dist.TorchDistribution, shape: torch.Size) -> dist.TorchDistribution:
+    return base.expand(shape).to_event(len(shape))
+
+
+class Gaussian:
+    r"""Isotropic Gaussian prior :math:`w \sim \mathcal{N}(0, \sigma^2)` on every weight.
+
+    Against a Normal guide its KL divergence is available in closed form, so
+    :class:`~pyro_bbb.elbo.AnnealedELBO` computes it analytically.
+
+    Args:
+        scale: Prior standard deviation :math:`\sigma > 0`, in the units of the weights.
+        loc: Prior mean.
+
+    Raises:
+        ValueError: If ``scale`` is not positive.
+    """
+
+    def __init__(self, scale: float = 1.0, loc: float = 0.0) -> None:
+        self.scale = _check_positive("scale", scale)
+        self.loc = float(loc)
+
+    def site_distribution(
+        self, shape: torch.Size, *, fan_in: int, device: torch.device, dtype: torch.dtype
+    ) -> dist.TorchDistribution:
+        """Return ``Normal(loc, scale)`` expanded to ``shape`` as one event."""
+        loc = torch.tensor(self.loc, device=device, dtype=dtype)
+        scale = torch.tensor(self.scale, device=device, dtype=dtype)
+        return _independent(dist.Normal(loc, scale), shape)
+
+    def __repr__(self) -> str:
+        return f"Gaussian(scale={self.scale:g}, loc={self.loc:g})"
+
+
+class FanInGaussian:
+    r"""Layer-wise Gaussian prior whose scale follows the layer's fan-in.
+
+    :math:`w \sim \mathcal{N}(0, \text{gain}^2 / \text{fan\_in})`, the variance that keeps
+    pre-activations of unit scale (He et al. 2015 for ``gain = sqrt(2)`` and ReLU). The
+    fan-in of a Linear layer is ``in_features``; of a Conv2d layer ``in_channels / groups ×
+    kernel height × kernel width``. Biases use the same fan-in as their layer's weight.
+
+    Args:
+        gain: Multiplier of :math:`1/\sqrt{\text{fan\_in}}`, positive.
+
+    Raises:
+        ValueError: If ``gain`` is not positive.
+    """
+
+    def __init__(self, gain: float = 1.0) -> None:
+        self.gain = _check_positive("gain", gain)
+
+    def site_distribution(
+        self, shape: torch.Size, *, fan_in: int, device: torch.device, dtype: torch.dtype
+    ) -> dist.TorchDistribution:
+        """Return ``Normal(0, gain / sqrt(fan_in))`` expanded to ``shape``."""
+        if fan_in < 1:
+            raise ValueError(f"fan_in must be a positive int, got {fan_in!r}")
+        scale = torch.tensor(self.gain / math.sqrt(fan_in), device=device, dtype=dtype)
+        return _independent(dist.Normal(torch.zeros((), device=device, dtype=dtype), scale), shape)
+
+    def __repr__(self) -> str:
+        return f"FanInGaussian(gain={self.gain:g})"
+
+
+class ScaleMixture(dist.TorchDistribution):
+    r"""Scale mixture of two zero-mean Gaussians (Blundell et al. 2015, eq. 7).
+
+    .. math::
+
+        p(w) = \pi\,\mathcal{N}(w \mid 0, \sigma_1^2) + (1 - \pi)\,\mathcal{N}(w \mid 0, \sigma_2^2)
+
+    A proper :class:`torch.distributions.Distribution`: ``log_prob`` is computed by
+    log-sum-exp over the two components, so it stays finite for :math:`\sigma_2 = e^{-8}`
+    and weights far in the tails, and ``sample`` draws the component first. It has no
+    closed-form KL against a Gaussian guide, so the ELBO estimates that term by Monte Carlo.
+    It is also a prior specification, so it can be passed to :func:`~pyro_bbb.bayesianize`.
+
+    Args:
+        pi: Weight of the first component, in :math:`(0, 1)`.
+        sigma1: Standard deviation of the first (usually wide) component, positive.
+        sigma2: Standard deviation of the second (usually narrow) component, positive.
+        validate_args: Passed to :class:`~torch.distributions.Distribution`.
+
+    Raises:
+        ValueError: If ``pi`` is outside ``(0, 1)`` or a ``sigma`` is not positive.
+    """
+
+    arg_constraints = {  # noqa: RUF012 (torch's class-level convention)
+        "pi": constraints.unit_interval,
+        "sigma1": constraints.positive,
+        "sigma2": constraints.positive,
+    }
+    support = constraints.real
+    has_rsample = False
+
+    def __init__(
+        self,
+        pi: float | torch.Tensor = 0.5,
+        sigma1: float | torch.Tensor = 1.0,
+        sigma2: float | torch.Tensor = 0.0025,
+        validate_args: bool | None = None,
+    ) -> None:
+        for name, value in (("pi", pi), ("sigma1", sigma1), ("sigma2", sigma2)):
+            if isinstance(value, Real):
+                ok = 0 < value < 1 if name == "pi" else 0 < value < math.inf
+                if not ok:
+                    expected = "in (0, 1)" if name == "pi" else "positive"
+                    raise ValueError(f"{name} must be {expected}, got {value!r}")
+        self.pi, self.sigma1, self.sigma2 = broadcast_all(pi, sigma1, sigma2)
+        super().__init__(self.pi.shape, validate_args=validate_args)
+
+    def expand(self, batch_shape, _instance=None):  # noqa: D102 (torch's documented API)
+        new = self._get_checked_instance(ScaleMixture, _instance)
+        batch_shape = torch.Size(batch_shape)
+        new.pi = self.pi.expand(batch_shape)
+        new.sigma1 = self.sigma1.expand(batch_shape)
+        new.sigma2 = self.sigma2.expand(batch_shape)
+        super(ScaleMixture, new).__init__(batch_shape, validate_args=False)
+        new._validate_args = self._validate_args
+        return new
+
+    @property
+    def mean(self) -> torch.Tensor:
+        """Zero, of the batch shape."""
+        return torch.zeros_like(self.pi)
+
+    @property
+    def variance(self) -> torch.Tensor:
+        r""":math:`\pi\sigma_1^2 + (1 - \pi)\sigma_2^2`."""
+        return self.pi * self.sigma1**2 + (1 - self.pi) * self.sigma2**2
+
+    def log_prob(self, value: torch.Tensor) -> torch.Tensor:
+        """Log-density of ``value``, shape broadcast of ``value`` and the batch shape."""
+        if self._validate_args:
+            self._validate_sample(value)
+        components = torch.stack(
+            (
+                torch.log(self.pi) + dist.Normal(0.0, self.sigma1).log_prob(value),
+                torch.log1p(-self.pi) + dist.Normal(0.0, self.sigma2).log_prob(value),
+            )
+        )
+        return torch.logsumexp(components, dim=0)
+
+    def sample(self, sample_shape: torch.Size = torch.Size()) -> torch.Tensor:  # noqa: B008
+        """Draw the component, then the weight; shape ``sample_shape + batch_shape``."""
+        shape = self._extended_shape(sample_shape)
+        with torch.no_grad():
+            first = torch.rand(shape, dtype=self.pi.dtype, device=self.pi.device) < self.pi
+            scale = torch.where(first, self.sigma1.expand(shape), self.sigma2.expand(shape))
+            return scale * torch.randn(shape, dtype=scale.dtype, device=scale.device)
+
+    def site_distribution(
+        self, shape: torch.Size, *, fan_in: int, device: torch.device, dtype: torch.dtype
+    ) -> dist.TorchDistribution:
+        """Return this mixture on ``device`` expanded to ``shape`` as one event."""
+        moved = ScaleMixture(
+            self.pi.to(device=device, dtype=dtype),
+            self.sigma1.to(device=device, dtype=dtype),
+            self.sigma2.to(device=device, dtype=dtype),
+            validate_args=False,
+        )
+        return _independent(moved, shape)
+
+    def __repr__(self) -> str:
+        if self.pi.dim() == 0:
+            return (
+                f"ScaleMixture(pi={self.pi.item():g}, sigma1={self.sigma1.item():g}, "
+                f"sigma2={self.sigma2.item():g})"
+            )
+        return f"ScaleMixture(batch_shape={tuple(self.batch_shape)})"
+
+
+def resolve_prior(spec: PriorSpec, site: str) -> Prior:
+    """Pick the prior of one site from a specification.
+
+    Args:
+        spec: One prior for every site, or a mapping from ``fnmatch`` patterns (matched
+            against the full site name, e.g. ``"fc1.weight"``, ``"*.bias"``, ``"0.*"``) to
+            priors; the first matching pattern in the mapping's order wins.
+        site: The full site name.
+
+    Returns:
+        The prior for ``site``.
+
+    Raises:
+        ValueError: If no pattern matches ``site``, or a value is not a prior.
+    """
+    if isinstance(spec, Mapping):
+        for pattern, prior in spec.items():
+            if fnmatch.fnmatchcase(site, pattern):
+                return _check_prior(prior, f"prior[{pattern!r}]")
+        raise ValueError(
+            f"prior: no pattern matches site {site!r}; patterns are {list(spec)}. "
+            "Add a catch-all '*' entry last."
+        )
+    return _check_prior(spec, "prior")
+
+
+def _check_prior(prior: object, where: str) -> Prior:
+    if not isinstance(prior, Prior):
+        raise ValueError(
+            f"{where} must be a prior such as Gaussian(1.0) or ScaleMixture(0.5, 1.0, 0.0025) "
+            f"(an object with a site_distribution method), got {prior!r}"
+        )
+    return prior

@@ -1,0 +1,118 @@
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import pytest
+import torch
+
+matplotlib = pytest.importorskip("matplotlib")
+matplotlib.use("Agg")
+
+from matplotlib.figure import Figure  # noqa: E402
+
+from pyro_bbb.plots import plot_history, plot_regression_bands, plot_reliability  # noqa: E402
+
+_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def _assert_png(path):
+    data = path.read_bytes()
+    assert len(data) > 1000 and data.startswith(_PNG_SIGNATURE)
+
+
+@dataclass
+class _History:
+    loss: list[float] = field(default_factory=list)
+    nll: list[float] = field(default_factory=list)
+    kl: list[float] = field(default_factory=list)
+    beta: list[float] = field(default_factory=list)
+
+
+def test_plot_regression_bands_returns_a_figure_and_writes_a_png(tmp_path):
+    x_train = torch.cat([torch.linspace(-4, -1, 20), torch.linspace(1, 4, 20)]).unsqueeze(-1)
+    y_train = torch.sin(x_train.squeeze(-1))
+    x_test = torch.linspace(6, -6, 101).unsqueeze(-1)  # unsorted on purpose
+    mean = torch.sin(x_test.squeeze(-1))
+    epistemic = 0.1 + 0.05 * x_test.squeeze(-1).abs()
+    total = (epistemic**2 + 0.1**2).sqrt()
+    path = tmp_path / "bands.png"
+    figure = plot_regression_bands(
+        x_train,
+        y_train,
+        x_test,
+        mean,
+        epistemic,
+        total,
+        true_fn=torch.sin,
+        shade=[(-1.0, 1.0)],
+        shade_label="gap",
+        title="bands",
+        path=path,
+    )
+    assert isinstance(figure, Figure)
+    _assert_png(path)
+    (ax,) = figure.axes
+    labels = ax.get_legend_handles_labels()[1]
+    assert labels == [
+        "gap",
+        "±2σ total",
+        "±2σ epistemic",
+        "predictive mean",
+        "truth",
+        "training data",
+    ]
+    mean_line, truth_line = ax.get_lines()
+    assert np.all(np.diff(mean_line.get_xdata()) > 0)  # sorted before drawing
+    np.testing.assert_allclose(truth_line.get_ydata(), np.sin(truth_line.get_xdata()), atol=1e-6)
+
+
+def test_plot_regression_bands_rejects_predictions_of_the_wrong_length():
+    x = np.linspace(-1, 1, 5)
+    with pytest.raises(ValueError, match=r"total_std must have one value per x_test point \(5\)"):
+        plot_regression_bands(x, x, x, x, np.ones(5), np.ones(4))
+
+
+def test_plot_history_returns_a_figure_and_writes_a_png(tmp_path):
+    history = _History(
+        loss=[100.0, 50.0, 20.0, -3.0],
+        nll=[90.0, 40.0, 5.0, -10.0],
+        kl=[torch.tensor(10.0), 10.0, 15.0, 7.0],
+        beta=[0.0, 0.5, 1.0, 1.0],
+    )
+    path = tmp_path / "history.png"
+    figure = plot_history(history, path=path)
+    assert isinstance(figure, Figure)
+    _assert_png(path)
+    top, bottom = figure.axes
+    assert top.get_yscale() == "symlog"  # negative values present
+    np.testing.assert_allclose(bottom.get_lines()[0].get_ydata(), [0.0, 0.5, 1.0, 1.0])
+
+
+def test_plot_history_uses_a_log_scale_for_positive_curves_and_accepts_a_mapping():
+    history = {"loss": [3.0, 2.0], "nll": [2.0, 1.0], "kl": [1.0, 1.0], "beta": []}
+    top, _ = plot_history(history).axes
+    assert top.get_yscale() == "log"
+
+
+def test_plot_history_names_a_missing_series():
+    with pytest.raises(ValueError, match=r"history must have a 'beta'"):
+        plot_history({"loss": [], "nll": [], "kl": []})
+
+
+def test_plot_reliability_returns_a_figure_with_the_ece_in_its_title(tmp_path):
+    probs = torch.tensor([[0.9, 0.1]] * 10 + [[0.3, 0.7]] * 10)
+    y = torch.tensor([0] * 5 + [1] * 5 + [1] * 7 + [0] * 3)  # 50% right at 0.9, 70% at 0.7
+    path = tmp_path / "reliability.png"
+    figure = plot_reliability(probs, y, num_bins=10, path=path)
+    assert isinstance(figure, Figure)
+    _assert_png(path)
+    assert figure.axes[0].get_title() == "Reliability (ECE = 0.200)"
+    assert math.isclose(sum(patch.get_height() for patch in figure.axes[1].patches), 20)
+
+
+def test_plot_reliability_accepts_numpy_binary_probabilities(tmp_path):
+    path = tmp_path / "binary.png"
+    plot_reliability(np.array([0.1, 0.8, 0.6, 0.3]), np.array([0, 1, 0, 0]), path=path)
+    _assert_png(path)
