@@ -3,14 +3,17 @@
 A network becomes a Pyro model whose weights are sample sites (:func:`bayesianize`,
 :func:`mlp`, :class:`BNN`); a guide approximates their posterior (:class:`MeanFieldGuide`
 or any Pyro autoguide); :func:`fit` maximises a β-annealed ELBO; :func:`predict` returns
-calibrated predictive uncertainty. ``import pyro_bbb`` needs no matplotlib.
+calibrated predictive uncertainty; :class:`LowRankGuide` captures weight correlations and
+:func:`local_reparameterization` / :func:`flipout` lower the gradient variance.
+``import pyro_bbb`` needs no matplotlib.
 """
 
 from . import elbo, likelihoods, metrics, priors
-from .guides import MeanFieldGuide
+from .guides import LowRankGuide, MeanFieldGuide
 from .model import BNN
 from .nn import BayesianAffine, bayesianize, mlp
 from .predict import ClassificationPrediction, Prediction, RegressionPrediction, predict
+from .reparam import flipout, local_reparameterization
 from .train import Callback, History, fit
 
 __version__ = "0.1.0"
@@ -21,13 +24,16 @@ __all__ = [
     "Callback",
     "ClassificationPrediction",
     "History",
+    "LowRankGuide",
     "MeanFieldGuide",
     "Prediction",
     "RegressionPrediction",
     "bayesianize",
     "elbo",
     "fit",
+    "flipout",
     "likelihoods",
+    "local_reparameterization",
     "metrics",
     "mlp",
     "predict",

@@ -24,6 +24,7 @@ import math
 from collections.abc import Callable
 from typing import NamedTuple
 
+import pyro.distributions as dist
 import pyro.poutine as poutine
 import torch
 from pyro.distributions.kl import kl_divergence
@@ -32,6 +33,7 @@ from pyro.infer import ELBO
 from pyro.poutine.util import site_is_subsample
 
 __all__ = [
+    "JOINT_KEY",
     "AnnealedELBO",
     "BetaSchedule",
     "Constant",
@@ -168,6 +170,32 @@ def as_schedule(beta: ScheduleLike) -> Callable[[float], float]:
 
 
 # ----------------------------------------------------------------------------- the ELBO
+#: ``infer`` key by which an auxiliary guide site declares that its value is the
+#: concatenation of the (flattened) values of these model sites, in order, and that the
+#: guide's own sites of those names are ``Delta`` slices of it. The KL of the whole group is
+#: then computed in closed form against the product of the sites' priors where possible.
+JOINT_KEY = "pyro_bbb_joint_of"
+
+
+def _diagonal_normal(fns) -> torch.distributions.Distribution | None:
+    """The product of (independent) Normal site priors as one ``Normal.to_event(1)``."""
+    locs, scales = [], []
+    for fn in fns:
+        base = getattr(fn, "base_dist", fn)
+        if not isinstance(base, torch.distributions.Normal) or (
+            fn is not base and not isinstance(fn, torch.distributions.Independent)
+        ):
+            return None
+        shape = fn.batch_shape + fn.event_shape
+        flat = (*fn.batch_shape, fn.event_shape.numel())
+        locs.append(base.loc.expand(shape).reshape(flat))
+        scales.append(base.scale.expand(shape).reshape(flat))
+    batch = torch.broadcast_shapes(*(loc.shape[:-1] for loc in locs))
+    locs = [loc.expand(*batch, loc.shape[-1]) for loc in locs]
+    scales = [scale.expand(*batch, scale.shape[-1]) for scale in scales]
+    return dist.Normal(torch.cat(locs, -1), torch.cat(scales, -1)).to_event(1)
+
+
 class ELBOTerms(NamedTuple):
     r"""One estimate of the annealed objective and its parts, all for the whole data set.
 
@@ -314,8 +342,11 @@ class AnnealedELBO(ELBO):
                     f"model site {name!r} is latent but the guide does not sample it; every "
                     "latent site needs a guide site of the same name"
                 )
+        covered: set[str] = set()
         for name, site in guide_trace.nodes.items():
             if site["type"] != "sample" or site["is_observed"] or site_is_subsample(site):
+                continue
+            if name in covered:
                 continue
             if not site["fn"].has_rsample:
                 raise NotImplementedError(
@@ -327,7 +358,11 @@ class AnnealedELBO(ELBO):
             if model_site is None:
                 if not site["infer"].get("is_auxiliary"):
                     raise ValueError(f"guide site {name!r} is not in the model")
-                term = self._log_prob(site)
+                term = self._group_kl(site, model_trace)
+                if term is None:
+                    term = self._log_prob(site)
+                else:
+                    covered.update(site["infer"][JOINT_KEY])
             else:
                 term = self._kl_term(site, model_site)
             kl = kl + term
@@ -336,6 +371,19 @@ class AnnealedELBO(ELBO):
         nll = -log_lik / particles
         kl = kl / particles
         return ELBOTerms(nll + self.beta * kl, nll, kl, self.beta, sites)
+
+    def _group_kl(self, aux_site, model_trace) -> torch.Tensor | None:
+        """Closed-form KL of a guide block that joins several model sites, if available."""
+        names = aux_site["infer"].get(JOINT_KEY)
+        if not names or any(name not in model_trace.nodes for name in names):
+            return None
+        prior = _diagonal_normal([model_trace.nodes[name]["fn"] for name in names])
+        if prior is None:
+            return None
+        closed = self._closed_form_kl(aux_site["fn"], prior)
+        if closed is None:
+            return None
+        return scale_and_mask(closed, aux_site["scale"], aux_site["mask"]).sum()
 
     def _kl_term(self, guide_site, model_site) -> torch.Tensor:
         q, p = guide_site["fn"], model_site["fn"]

@@ -5,6 +5,7 @@ names, so ``Predictive``, ``median()`` and ``quantiles()`` work, and any Pyro au
 be used in its place.
 """
 
+from .low_rank import LowRankGuide
 from .mean_field import MeanFieldGuide
 
-__all__ = ["MeanFieldGuide"]
+__all__ = ["LowRankGuide", "MeanFieldGuide"]

@@ -67,8 +67,10 @@ class MeanFieldGuide(AutoGuide):
         self.init_rho = check_init_scale(init_scale, min_scale)
         self.init_scale = float(init_scale)
         self.min_scale = float(min_scale)
-        self._init_loc = init_loc
         super().__init__(model, create_plates=create_plates)
+        # Not a submodule: a pretrained network only lends its values, so it must neither
+        # move with guide.to() nor enter the guide's state_dict.
+        object.__setattr__(self, "_init_loc", init_loc)
         if name is not None:
             self._pyro_name = name
 
@@ -112,7 +114,11 @@ class MeanFieldGuide(AutoGuide):
             ``{site name: Normal(loc, scale).to_event(k)}``.
         """
         self._require_setup()
-        return {name: self.site_distribution(name) for name in self._event_dims}
+        posterior = {}
+        for name, event_dim in self._event_dims.items():
+            loc, scale = self._loc_scale(name)
+            posterior[name] = dist.Normal(loc.detach().clone(), scale).to_event(event_dim)
+        return posterior
 
     @torch.no_grad()
     def median(self, *args, **kwargs) -> dict[str, torch.Tensor]:
