@@ -39,7 +39,7 @@ from pyro.poutine.messenger import Messenger
 from pyro.poutine.runtime import Message
 
 from .guides.low_rank import BLOCK_KEY
-from .ops import AffineMap
+from .ops import AffineMap, _sample_shape
 
 __all__ = ["estimator", "flipout", "local_reparameterization"]
 
@@ -57,9 +57,10 @@ class _Draw:
 class _Split:
     """A parameter's draw split into the batch-shared part and the independent part."""
 
-    shared: torch.Tensor  # \bar W, with the draw's sample dims
+    shared: torch.Tensor  # \bar W (its sample dims may be collapsed to 1 where constant)
     variance: torch.Tensor | None  # σ² of the independent part; None for a fixed value
     deviation: torch.Tensor | None  # the drawn independent part, W - \bar W
+    sample_shape: torch.Size = torch.Size()  # the draw's sample dims, data-plate dim dropped
 
 
 def _collapse_expanded(t: torch.Tensor, event_dims: int) -> torch.Tensor:
@@ -130,6 +131,17 @@ class _WeightNoiseMessenger(Messenger):
     ) -> torch.Tensor:
         raise NotImplementedError
 
+    @staticmethod
+    def _noise_shape(
+        affine: AffineMap, x: torch.Tensor, weight: _Split, bias: _Split | None, event: int
+    ) -> torch.Size:
+        """``(*sample, batch, *ones(event))``: one noise draw per weight draw and example."""
+        sample = torch.broadcast_shapes(
+            weight.sample_shape, () if bias is None else bias.sample_shape
+        )
+        lead = x.shape[: x.dim() - affine.input_event_dims]  # (*x_sample, batch)
+        return torch.broadcast_shapes((*sample, 1), lead) + (1,) * event
+
     def _split(self, site: str | None, value: torch.Tensor, event_dims: int) -> _Split:
         draw = self._draws.get(site) if site is not None else None
         if draw is None:  # a deterministic or conditioned parameter: nothing to reparameterise
@@ -149,7 +161,7 @@ class _WeightNoiseMessenger(Messenger):
                 raise NotImplementedError(self._unsupported(site, draw))
             shared = _collapse_expanded(normal.loc, event_dims)
             variance = _collapse_expanded(normal.scale, event_dims).pow(2)
-        return _Split(shared, variance, value - shared)
+        return _Split(shared, variance, value - shared, _sample_shape(value, event_dims) or ())
 
     def _source(self, site: str, draw: _Draw) -> _Draw:
         """Follow AutoNormal's ``Delta`` at a real site to its ``<site>_unconstrained`` draw."""
@@ -215,8 +227,11 @@ class LocalReparameterizationMessenger(_WeightNoiseMessenger):
             variance = b_var if variance is None else variance + b_var
         if variance is None:
             return mean
-        variance = variance.expand(torch.broadcast_shapes(variance.shape, mean.shape))
-        return mean + variance.clamp_min(0).sqrt() * torch.randn_like(variance)
+        noise = self._noise_shape(affine, x, weight, bias, affine.output_event_dims)
+        shape = torch.broadcast_shapes(noise, variance.shape, mean.shape)
+        return mean + variance.clamp_min(0).sqrt() * torch.randn(
+            shape, dtype=mean.dtype, device=mean.device
+        )
 
 
 class FlipoutMessenger(_WeightNoiseMessenger):
@@ -228,10 +243,10 @@ class FlipoutMessenger(_WeightNoiseMessenger):
         mean = affine(x, weight.shared, None if bias is None else bias.shared)
         if weight.deviation is None and (bias is None or bias.deviation is None):
             return mean
-        # signs per example and channel, broadcast over the remaining feature dims
+        # signs per weight draw, example and channel, broadcast over the other feature dims
         in_event = affine.input_event_dims
-        in_shape = (*x.shape[: x.dim() - in_event], x.shape[-in_event], *[1] * (in_event - 1))
-        sign_in = _random_signs(in_shape, x)
+        lead = self._noise_shape(affine, x, weight, bias, 0)
+        sign_in = _random_signs((*lead, x.shape[-in_event], *[1] * (in_event - 1)), x)
         perturbation = None
         if weight.deviation is not None:
             perturbation = affine(x * sign_in, weight.deviation, None)

@@ -24,7 +24,9 @@ def conjugate_problem(num_data=30, dim=3, seed=0):
     w = torch.tensor([1.0, -2.0, 0.5], dtype=torch.float64)
     y = x @ w + 0.3 + NOISE * torch.randn(num_data, generator=g, dtype=torch.float64)
     design = torch.cat([x, torch.ones(num_data, 1, dtype=torch.float64)], dim=1)
-    precision = design.T @ design / NOISE**2 + torch.eye(dim + 1, dtype=torch.float64) / PRIOR_SCALE**2
+    precision = (
+        design.T @ design / NOISE**2 + torch.eye(dim + 1, dtype=torch.float64) / PRIOR_SCALE**2
+    )
     covariance = torch.linalg.inv(precision)
     mean = covariance @ design.T @ y / NOISE**2
     return x, y, mean, covariance, precision

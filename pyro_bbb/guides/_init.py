@@ -23,12 +23,16 @@ InitLoc = nn.Module | Mapping[str, torch.Tensor] | None
 """``None`` (the network's own initialisation), a pretrained module, or a mapping."""
 
 
-def global_latent_sites(trace: Trace, guide_name: str) -> dict[str, dict]:
+def global_latent_sites(trace: Trace, guide_name: str, model: object = None) -> dict[str, dict]:
     """The latent sample sites of a prototype trace, checked to be global and real-valued.
+
+    A model's declared ``observation_site`` (``"obs"`` for a :class:`~pyro_bbb.BNN`) is left
+    out, so a guide can be set up by a call without targets, e.g. ``guide(x)``.
 
     Args:
         trace: The model's prototype trace.
         guide_name: The guide's class name, for error messages.
+        model: The model, whose ``observation_site`` attribute is read if present.
 
     Returns:
         ``{site name: site}`` in the model's order.
@@ -37,7 +41,10 @@ def global_latent_sites(trace: Trace, guide_name: str) -> dict[str, dict]:
         NotImplementedError: For a site inside a plate or with a constrained support.
     """
     sites = {}
+    observed = getattr(model, "observation_site", None)
     for name, site in trace.iter_stochastic_nodes():
+        if name == observed:
+            continue
         if site["cond_indep_stack"]:
             plates = [frame.name for frame in site["cond_indep_stack"]]
             raise NotImplementedError(

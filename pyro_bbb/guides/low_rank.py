@@ -189,7 +189,7 @@ class LowRankGuide(AutoGuide):
     # -- set-up
     def _setup_prototype(self, *args, **kwargs) -> None:
         super()._setup_prototype(*args, **kwargs)
-        sites = global_latent_sites(self.prototype_trace, type(self).__name__)
+        sites = global_latent_sites(self.prototype_trace, type(self).__name__, self.model)
         locs = initial_locs(self.model, sites, self._init_loc)
         groups: dict[str, list[str]] = {}
         for site in sites:

@@ -76,7 +76,7 @@ class MeanFieldGuide(AutoGuide):
 
     def _setup_prototype(self, *args, **kwargs) -> None:
         super()._setup_prototype(*args, **kwargs)
-        sites = global_latent_sites(self.prototype_trace, type(self).__name__)
+        sites = global_latent_sites(self.prototype_trace, type(self).__name__, self.model)
         locs = initial_locs(self.model, sites, self._init_loc)
         self._event_dims = {name: site["fn"].event_dim for name, site in sites.items()}
         self.locs = PyroModule()
