@@ -60,7 +60,7 @@ class _Split:
     shared: torch.Tensor  # \bar W (its sample dims may be collapsed to 1 where constant)
     variance: torch.Tensor | None  # σ² of the independent part; None for a fixed value
     deviation: torch.Tensor | None  # the drawn independent part, W - \bar W
-    sample_shape: torch.Size = torch.Size()  # the draw's sample dims, data-plate dim dropped
+    sample_shape: tuple[int, ...] = ()  # the draw's sample dims, data-plate dim dropped
 
 
 def _collapse_expanded(t: torch.Tensor, event_dims: int) -> torch.Tensor:
@@ -161,7 +161,8 @@ class _WeightNoiseMessenger(Messenger):
                 raise NotImplementedError(self._unsupported(site, draw))
             shared = _collapse_expanded(normal.loc, event_dims)
             variance = _collapse_expanded(normal.scale, event_dims).pow(2)
-        return _Split(shared, variance, value - shared, _sample_shape(value, event_dims) or ())
+        sample_shape = tuple(_sample_shape(value, event_dims) or ())
+        return _Split(shared, variance, value - shared, sample_shape)
 
     def _source(self, site: str, draw: _Draw) -> _Draw:
         """Follow AutoNormal's ``Delta`` at a real site to its ``<site>_unconstrained`` draw."""

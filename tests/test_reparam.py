@@ -177,7 +177,7 @@ def test_a_weight_replaced_after_the_guide_drew_it_is_refused():
     x = torch.randn(5, 4)
     model, guide = make(linear_net, "mean_field", x)
     fixed = {"0.weight": torch.zeros(3, 4)}
-    with bbb.local_reparameterization(), pytest.raises(RuntimeError, match="'0.weight'"):
+    with bbb.local_reparameterization(), pytest.raises(RuntimeError, match=r"'0\.weight'"):
         guide_trace = poutine.trace(guide).get_trace(x)
         poutine.replay(poutine.condition(model, data=fixed), guide_trace)(x)
 
