@@ -256,7 +256,8 @@ def resolve_prior(spec: PriorSpec, site: str) -> Prior:
 
 
 def _check_prior(prior: object, where: str) -> Prior:
-    if not isinstance(prior, Prior):
+    # A class such as Gaussian passes the protocol check (it has the method) but is no prior.
+    if isinstance(prior, type) or not isinstance(prior, Prior):
         raise ValueError(
             f"{where} must be a prior such as Gaussian(1.0) or ScaleMixture(0.5, 1.0, 0.0025) "
             f"(an object with a site_distribution method), got {prior!r}"
