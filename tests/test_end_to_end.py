@@ -1,0 +1,130 @@
+"""End to end: the demo's gap uncertainty, digits classification, the command line."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pyro
+import pytest
+import torch
+from torch import nn
+
+import pyro_bbb as bbb
+from pyro_bbb import metrics
+from pyro_bbb.cli import fit_gap_demo, uncertainty_by_region
+from pyro_bbb.elbo import Linear
+
+from .conftest import scaled
+
+
+@pytest.mark.slow
+def test_demo_gap_uncertainty_is_at_least_twice_that_near_the_data():
+    fitted = fit_gap_demo(seed=0, progress=False)
+    x = torch.linspace(-7, 7, 561).unsqueeze(-1)
+    pred = bbb.predict(fitted.model, fitted.guide, x, num_samples=300, seed=0)
+    summary = uncertainty_by_region(pred, x)
+    gap, data = summary["gap"]["epistemic"], summary["data"]["epistemic"]
+    assert gap >= 2 * data, summary
+    assert summary["extrapolation"]["epistemic"] > gap
+    # and the learned noise is near the truth (0.1): the fit is not bought by underfitting
+    assert 0.08 < pred.aleatoric_std.mean().item() < 0.13
+
+
+def digits_split():
+    pytest.importorskip("sklearn")
+    from pyro_bbb.datasets import digits
+
+    return digits(seed=0)
+
+
+def deterministic_mlp(split, epochs, seed=0):
+    torch.manual_seed(seed)
+    net = nn.Sequential(nn.Linear(64, 100), nn.ReLU(), nn.Linear(100, 10))
+    optimizer = torch.optim.Adam(net.parameters(), lr=1e-2)
+    n = len(split.x_train)
+    for _ in range(epochs):
+        order = torch.randperm(n)
+        for i in range(0, n, 128):
+            idx = order[i : i + 128]
+            loss = nn.functional.cross_entropy(net(split.x_train[idx]), split.y_train[idx])
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+    with torch.no_grad():
+        return net(split.x_test).softmax(-1)
+
+
+@pytest.mark.slow
+def test_bayesian_mlp_on_digits_matches_deterministic_accuracy_and_is_better_calibrated():
+    split = digits_split()
+    epochs = scaled(60, 150)
+    probs_det = deterministic_mlp(split, epochs)
+    model = bbb.BNN(bbb.mlp([64, 100, 10]), bbb.likelihoods.Categorical(), len(split.x_train))
+    guide = bbb.MeanFieldGuide(model, init_scale=0.01)
+    bbb.fit(
+        model,
+        guide,
+        split.x_train,
+        split.y_train,
+        epochs=epochs,
+        batch_size=128,
+        beta=Linear(epochs / 5),
+        reparam="local",
+        seed=0,
+        progress=False,
+    )
+    pred = bbb.predict(model, guide, split.x_test, num_samples=100, seed=0)
+    acc_bnn = metrics.accuracy(pred.probs, split.y_test)
+    acc_det = metrics.accuracy(probs_det, split.y_test)
+    ece_bnn = metrics.ece(pred.probs, split.y_test)
+    ece_det = metrics.ece(probs_det, split.y_test)
+    assert acc_bnn >= acc_det - 0.01, (acc_bnn, acc_det)
+    assert ece_bnn < ece_det, (ece_bnn, ece_det)
+    # epistemic uncertainty is higher on the points it gets wrong
+    wrong = pred.predicted != split.y_test
+    assert pred.mutual_information[wrong].mean() > pred.mutual_information[~wrong].mean()
+
+
+def test_command_line_demo_runs_and_saves_its_figure(tmp_path):
+    out = tmp_path / "demo.png"
+    result = subprocess.run(
+        [sys.executable, "-m", "pyro_bbb", "demo", "--epochs", "30", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    assert out.stat().st_size > 10_000
+    for word in ("gap", "data", "extrapolation", str(out)):
+        assert word in result.stdout
+
+
+def test_command_line_rejects_an_unknown_command():
+    result = subprocess.run(
+        [sys.executable, "-m", "pyro_bbb", "train"], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 2 and "invalid choice" in result.stderr
+
+
+def test_importing_the_package_does_not_import_matplotlib():
+    code = "import sys, pyro_bbb; print('matplotlib' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.stdout.strip() == "False", result.stderr
+
+
+def test_model_and_guide_pickle_for_checkpoints_and_spawned_workers(tmp_path):
+    import pickle
+
+    x, y = torch.randn(20, 2), torch.randn(20)
+    model = bbb.BNN(
+        bbb.mlp([2, 4, 1], prior=bbb.priors.ScaleMixture()), bbb.likelihoods.Gaussian(), 20
+    )
+    guide = bbb.MeanFieldGuide(model)
+    bbb.fit(model, guide, x, y, epochs=3, progress=False)
+    restored_model, restored_guide = pickle.loads(pickle.dumps((model, guide)))
+    pyro.clear_param_store()
+    a = bbb.predict(model, guide, x, num_samples=5, seed=1).mean
+    pyro.clear_param_store()
+    b = bbb.predict(restored_model, restored_guide, x, num_samples=5, seed=1).mean
+    assert torch.allclose(a, b)
