@@ -15,7 +15,6 @@ rank-``r`` part of a layer's pre-activation exactly.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass
 from operator import attrgetter
 from typing import Literal
@@ -24,13 +23,13 @@ import pyro
 import pyro.distributions as dist
 import torch
 import torch.nn.functional as F
-from pyro.infer.autoguide import AutoGuide
 from pyro.infer.autoguide.utils import deep_setattr
 from pyro.nn import PyroModule, PyroParam
 from torch.distributions import Independent, register_kl
 
 from ..elbo import JOINT_KEY
-from ._init import InitLoc, check_init_scale, global_latent_sites, initial_locs
+from ._base import GaussianGuide
+from ._init import InitLoc, check_init_scale
 
 __all__ = [
     "BLOCK_KEY",
@@ -128,7 +127,7 @@ class _Block:
         return self.slices[-1].stop
 
 
-class LowRankGuide(AutoGuide):
+class LowRankGuide(GaussianGuide):
     r"""Low-rank-plus-diagonal Gaussian guide over blocks of weights.
 
     .. math::
@@ -180,17 +179,10 @@ class LowRankGuide(AutoGuide):
         self.min_scale = float(min_scale)
         diag_scale = init_scale * math.sqrt(0.75) if rank else init_scale
         self.init_rho = check_init_scale(diag_scale, min_scale)
-        super().__init__(model, create_plates=create_plates)
-        # Not a submodule: a pretrained network only lends its values.
-        object.__setattr__(self, "_init_loc", init_loc)
-        if name is not None:
-            self._pyro_name = name
+        super().__init__(model, init_loc=init_loc, name=name, create_plates=create_plates)
 
     # -- set-up
-    def _setup_prototype(self, *args, **kwargs) -> None:
-        super()._setup_prototype(*args, **kwargs)
-        sites = global_latent_sites(self.prototype_trace, type(self).__name__, self.model)
-        locs = initial_locs(self.model, sites, self._init_loc)
+    def _build(self, sites: dict[str, dict], locs: dict[str, torch.Tensor]) -> None:
         groups: dict[str, list[str]] = {}
         for site in sites:
             key = "network" if self.blocks == "network" else (site.rpartition(".")[0] or "_root")
@@ -300,34 +292,3 @@ class LowRankGuide(AutoGuide):
                     scale[piece.start : piece.stop].reshape(piece.shape),
                 )
         return result
-
-    @torch.no_grad()
-    def median(self, *args, **kwargs) -> dict[str, torch.Tensor]:
-        """Posterior median (= mean) of every site, ``{site: tensor of the site's shape}``."""
-        if self.prototype_trace is None and args:
-            self._setup_prototype(*args, **kwargs)
-        self._require_setup()
-        return {site: loc.clone() for site, (loc, _) in self._marginals().items()}
-
-    @torch.no_grad()
-    def quantiles(
-        self, quantiles: Sequence[float] | torch.Tensor, *args, **kwargs
-    ) -> dict[str, torch.Tensor]:
-        """Marginal posterior quantiles of every site, ``{site: (len(quantiles), *shape)}``."""
-        if self.prototype_trace is None and args:
-            self._setup_prototype(*args, **kwargs)
-        self._require_setup()
-        result = {}
-        for site, (loc, scale) in self._marginals().items():
-            q = torch.as_tensor(quantiles, dtype=loc.dtype, device=loc.device)
-            if ((q <= 0) | (q >= 1)).any():
-                raise ValueError(f"quantiles must lie in (0, 1), got {q.tolist()}")
-            result[site] = dist.Normal(loc, scale).icdf(q.reshape(-1, *([1] * loc.dim())))
-        return result
-
-    def _require_setup(self) -> None:
-        if self.prototype_trace is None:
-            raise RuntimeError(
-                f"{type(self).__name__} has no parameters yet: call it (or fit) with the "
-                "model's arguments first"
-            )

@@ -8,23 +8,22 @@ Pyro's autoguides do, so the KL divergence to a Gaussian prior is available in c
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from operator import attrgetter
 
 import pyro
 import pyro.distributions as dist
 import torch
 import torch.nn.functional as F
-from pyro.infer.autoguide import AutoGuide
 from pyro.infer.autoguide.utils import deep_setattr
 from pyro.nn import PyroModule, PyroParam
 
-from ._init import InitLoc, check_init_scale, global_latent_sites, initial_locs
+from ._base import GaussianGuide
+from ._init import InitLoc, check_init_scale
 
 __all__ = ["MeanFieldGuide"]
 
 
-class MeanFieldGuide(AutoGuide):
+class MeanFieldGuide(GaussianGuide):
     r"""Fully factorised Gaussian guide over every weight.
 
     :math:`q(w) = \prod_i \mathcal{N}(w_i \mid \mu_i, \sigma_i^2)`, with
@@ -67,17 +66,9 @@ class MeanFieldGuide(AutoGuide):
         self.init_rho = check_init_scale(init_scale, min_scale)
         self.init_scale = float(init_scale)
         self.min_scale = float(min_scale)
-        super().__init__(model, create_plates=create_plates)
-        # Not a submodule: a pretrained network only lends its values, so it must neither
-        # move with guide.to() nor enter the guide's state_dict.
-        object.__setattr__(self, "_init_loc", init_loc)
-        if name is not None:
-            self._pyro_name = name
+        super().__init__(model, init_loc=init_loc, name=name, create_plates=create_plates)
 
-    def _setup_prototype(self, *args, **kwargs) -> None:
-        super()._setup_prototype(*args, **kwargs)
-        sites = global_latent_sites(self.prototype_trace, type(self).__name__, self.model)
-        locs = initial_locs(self.model, sites, self._init_loc)
+    def _build(self, sites: dict[str, dict], locs: dict[str, torch.Tensor]) -> None:
         self._event_dims = {name: site["fn"].event_dim for name, site in sites.items()}
         self.locs = PyroModule()
         self.rhos = PyroModule()
@@ -120,42 +111,5 @@ class MeanFieldGuide(AutoGuide):
             posterior[name] = dist.Normal(loc.detach().clone(), scale).to_event(event_dim)
         return posterior
 
-    @torch.no_grad()
-    def median(self, *args, **kwargs) -> dict[str, torch.Tensor]:
-        """Posterior median (= mean) of every site, ``{site: tensor of the site's shape}``."""
-        if self.prototype_trace is None and args:
-            self._setup_prototype(*args, **kwargs)
-        self._require_setup()
-        return {name: self._loc_scale(name)[0].detach().clone() for name in self._event_dims}
-
-    @torch.no_grad()
-    def quantiles(
-        self, quantiles: Sequence[float] | torch.Tensor, *args, **kwargs
-    ) -> dict[str, torch.Tensor]:
-        """Posterior quantiles of every site.
-
-        Args:
-            quantiles: Levels in ``(0, 1)``, e.g. ``[0.05, 0.5, 0.95]``.
-
-        Returns:
-            ``{site: tensor (len(quantiles), *site shape)}``.
-        """
-        if self.prototype_trace is None and args:
-            self._setup_prototype(*args, **kwargs)
-        self._require_setup()
-        result = {}
-        for name in self._event_dims:
-            loc, scale = self._loc_scale(name)
-            q = torch.as_tensor(quantiles, dtype=loc.dtype, device=loc.device)
-            if ((q <= 0) | (q >= 1)).any():
-                raise ValueError(f"quantiles must lie in (0, 1), got {q.tolist()}")
-            q = q.reshape(-1, *([1] * loc.dim()))
-            result[name] = dist.Normal(loc, scale).icdf(q)
-        return result
-
-    def _require_setup(self) -> None:
-        if self.prototype_trace is None:
-            raise RuntimeError(
-                f"{type(self).__name__} has no parameters yet: call it (or fit) with the "
-                "model's arguments first, or pass them to median()/quantiles()"
-            )
+    def _marginals(self) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        return {name: self._loc_scale(name) for name in self._event_dims}
