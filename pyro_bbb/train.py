@@ -328,10 +328,12 @@ def _batches(model, x, y, batch_size, shuffle, device) -> _Batches:
                 f"the DataLoader's dataset has {size} points but model.num_data={num_data}"
             )
 
+        widths: dict[str, int] = {}
+
         def loader_batches():
             for batch in x:
                 xb, yb = (t.to(device, non_blocking=True) for t in batch)
-                _check_data(model, xb, yb)
+                _check_data(model, xb, yb, widths)
                 yield xb, yb
 
         return _Batches(loader_batches, len(x), num_data or size or 1)
@@ -364,8 +366,12 @@ def _batches(model, x, y, batch_size, shuffle, device) -> _Batches:
     return _Batches(tensor_batches, num_steps, num_data or n)
 
 
-def _check_data(model, x: torch.Tensor, y: torch.Tensor) -> None:
-    """Validate a data set once, reading its values (dtype, NaN/inf, shapes, labels)."""
+def _check_data(model, x: torch.Tensor, y: torch.Tensor, widths: dict | None = None) -> None:
+    """Validate data by reading its values (dtype, NaN/inf, shapes, labels).
+
+    ``widths`` caches the network's output width across the batches of a loader, so the
+    network runs once per fit for this check, not once per batch.
+    """
     if not torch.is_floating_point(x):
         raise ValueError(f"x must be floating point (e.g. x.float()), got dtype {x.dtype}")
     if not torch.isfinite(x).all():
@@ -379,6 +385,8 @@ def _check_data(model, x: torch.Tensor, y: torch.Tensor) -> None:
     likelihood = getattr(model, "likelihood", None)
     net = getattr(model, "net", None)
     if likelihood is not None and net is not None:
-        with torch.no_grad(), poutine.block():
-            num_outputs = net(x[:1]).shape[-1]
-        likelihood.check_target(y, num_outputs)
+        widths = {} if widths is None else widths
+        if "out" not in widths:
+            with torch.no_grad(), poutine.block():
+                widths["out"] = net(x[:1]).shape[-1]
+        likelihood.check_target(y, widths["out"])
