@@ -241,54 +241,40 @@ def predict(
             site = trace.nodes[getattr(model, "observation_site", "obs")]
             parts.append(site["fn"])
             draws.append(site["value"])
-    return _summarise(model, parts, draws, num_samples)
+    return _summarise(parts, draws, num_samples)
 
 
-def _batch_dim(fn: dist.TorchDistribution) -> int:
-    return -1 - fn.event_dim
-
-
-def _summarise(model, parts, draws, num_samples):
+def _summarise(parts, draws, num_samples):
+    """Concatenate the chunks' per-sample distributions and build the prediction."""
     fn = parts[0]
-    base = getattr(fn, "base_dist", fn)
-    dim = _batch_dim(fn)
+    event_dim = fn.event_dim
+    dim = -1 - event_dim  # the data dim
+    bases = [getattr(part, "base_dist", part) for part in parts]
 
-    samples = _squeeze_sample_dims(torch.cat(draws, dim=dim), num_samples, fn.event_dim)
-    if isinstance(base, dist.Normal):
-        bases = [getattr(p, "base_dist", p) for p in parts]
-        locs = torch.cat([b.loc.expand(b.batch_shape) for b in bases], dim=dim)
-        scales = torch.cat([b.scale.expand(b.batch_shape) for b in bases], dim=dim)
+    def gather(name: str, along: int = dim, event: int = event_dim) -> torch.Tensor:
+        """A parameter of every chunk, expanded and concatenated: ``(S, batch, *event)``."""
+        values = []
+        for base in bases:
+            value = getattr(base, name)
+            values.append(value.expand(*base.batch_shape, *value.shape[len(base.batch_shape) :]))
+        return _samples_first(torch.cat(values, dim=along), num_samples, event)
+
+    samples = _samples_first(torch.cat(draws, dim=dim), num_samples, event_dim)
+    if isinstance(bases[0], dist.Normal):
         return RegressionPrediction(
-            samples=samples,
-            loc_samples=_squeeze_sample_dims(locs, num_samples, fn.event_dim),
-            scale_samples=_squeeze_sample_dims(scales, num_samples, fn.event_dim),
+            samples=samples, loc_samples=gather("loc"), scale_samples=gather("scale")
         )
-    if isinstance(base, dist.Categorical):
-        probs = torch.cat(
-            [p.probs.expand(*p.batch_shape, p.probs.shape[-1]) for p in parts], dim=-2
-        )
-        return ClassificationPrediction(
-            samples=samples, probs_samples=_squeeze_sample_dims(probs, num_samples, 1)
-        )
-    if isinstance(base, dist.Bernoulli):
-        bases = [getattr(p, "base_dist", p) for p in parts]
-        probs = torch.cat([b.probs.expand(b.batch_shape) for b in bases], dim=dim)
-        return ClassificationPrediction(
-            samples=samples,
-            probs_samples=_squeeze_sample_dims(probs, num_samples, fn.event_dim),
-            binary=True,
-        )
+    if isinstance(bases[0], dist.Categorical):
+        return ClassificationPrediction(samples=samples, probs_samples=gather("probs", -2, 1))
+    if isinstance(bases[0], dist.Bernoulli):
+        return ClassificationPrediction(samples=samples, probs_samples=gather("probs"), binary=True)
     raise NotImplementedError(
         "predict summarises Normal, Categorical and Bernoulli likelihoods, got "
-        f"{type(base).__name__}"
+        f"{type(bases[0]).__name__}"
     )
 
 
-def _squeeze_sample_dims(t: torch.Tensor, num_samples: int, event_dim: int) -> torch.Tensor:
+def _samples_first(t: torch.Tensor, num_samples: int, event_dim: int) -> torch.Tensor:
     """``(S, 1, ..., batch, *event)`` or ``(batch, *event)`` → ``(S, batch, *event)``."""
     batch_and_event = t.shape[t.dim() - 1 - event_dim :]
-    return (
-        t.expand(*t.shape[: t.dim() - 1 - event_dim], *batch_and_event)
-        .reshape(-1, *batch_and_event)
-        .expand(num_samples, *batch_and_event)
-    )
+    return t.reshape(-1, *batch_and_event).expand(num_samples, *batch_and_event)
