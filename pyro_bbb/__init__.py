@@ -8,7 +8,7 @@ calibrated predictive uncertainty; :class:`LowRankGuide` captures weight correla
 ``import pyro_bbb`` needs no matplotlib.
 """
 
-from . import elbo, likelihoods, metrics, priors
+from . import datasets, elbo, likelihoods, metrics, priors
 from .guides import LowRankGuide, MeanFieldGuide
 from .model import BNN
 from .nn import BayesianAffine, bayesianize, mlp
@@ -29,6 +29,7 @@ __all__ = [
     "Prediction",
     "RegressionPrediction",
     "bayesianize",
+    "datasets",
     "elbo",
     "fit",
     "flipout",

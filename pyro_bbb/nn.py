@@ -162,6 +162,49 @@ def _affine_of(module: nn.Module) -> AffineMap | None:
     return None
 
 
+def _folding_forward(base: type[nn.Module]) -> Callable:
+    def forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+        lead = x.shape[:-3]
+        out = base.forward(self, x.reshape(-1, *x.shape[-3:]), *args, **kwargs)
+        return out.reshape(*lead, *out.shape[1:])
+
+    forward.__doc__ = f"{base.__name__}.forward over inputs with leading sample dims."
+    return forward
+
+
+#: Layers that accept only ``(batch, channels, height, width)``, and their versions that fold
+#: leading sample dims into the batch. Module-level classes, so the networks pickle.
+_SAMPLE_FOLDING: dict[type[nn.Module], type[nn.Module]] = {}
+for _base in (
+    nn.MaxPool2d,
+    nn.AvgPool2d,
+    nn.AdaptiveMaxPool2d,
+    nn.AdaptiveAvgPool2d,
+    nn.LPPool2d,
+    nn.BatchNorm2d,
+    nn.InstanceNorm2d,
+    nn.Dropout2d,
+):
+    _name = f"SampleFolding{_base.__name__}"
+    _SAMPLE_FOLDING[_base] = globals()[_name] = type(
+        _name,
+        (_base,),
+        {
+            "forward": _folding_forward(_base),
+            "__module__": __name__,
+            "__doc__": f"``{_base.__name__}`` for inputs ``(*sample, batch, C, H, W)``.",
+        },
+    )
+
+
+def _fold_sample_dims(module: nn.Module) -> None:
+    """Let 4-D-only layers take inputs with sample dims, by class swap (names unchanged)."""
+    for child in module.modules():
+        folding = _SAMPLE_FOLDING.get(type(child))
+        if folding is not None:
+            child.__class__ = folding
+
+
 def _matches(name: str, patterns: Iterable[str]) -> bool:
     return any(fnmatch.fnmatchcase(name, p) for p in patterns)
 
@@ -179,6 +222,10 @@ def bayesianize(
     bias are sites named by their path in the network (``"fc1.weight"``, ``"0.bias"``).
     Every other module becomes a :class:`~pyro.nn.PyroModule` with its parameters left
     deterministic (normalisation layers, embeddings): they are learned as point estimates.
+    Layers that accept only 4-D inputs (2-D pooling, ``BatchNorm2d``, ``InstanceNorm2d``,
+    ``Dropout2d``) are given a forward that folds the weights' sample dims into the batch,
+    so vectorised particles and predictions work through them. A reshape of your own (e.g.
+    ``nn.Flatten``) must count feature dims from the end: ``nn.Flatten(-3)``.
 
     Args:
         module: The network. It is copied unless ``inplace``, so a pretrained network
@@ -212,6 +259,7 @@ def bayesianize(
             "bayesianize found no Linear or Conv2d parameter to make Bayesian "
             f"(deterministic={list(deterministic)!r})"
         )
+    _fold_sample_dims(net)
     to_pyro_module_(net)
     return net
 

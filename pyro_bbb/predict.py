@@ -215,8 +215,9 @@ def predict(
         x: Inputs ``(batch, *features)`` on the model's device.
         num_samples: ``S``, weight samples (30–100 is typical).
         reparam: ``None``, ``"local"`` or ``"flipout"``: the estimator to predict with. Under
-            ``"local"`` each point gets its own weight draw, so the marginal predictive per
-            point is the same but samples are not joint functions across points.
+            ``"local"`` each point gets its own weight draw, so samples are not joint
+            functions across points; for MLPs the marginal predictive per point is the same,
+            for conv nets it is approximate (see :mod:`pyro_bbb.reparam`). ``None`` is exact.
         batch_size: Evaluate ``x`` in chunks of this many rows to bound memory.
         seed: Seed for Pyro and torch.
 

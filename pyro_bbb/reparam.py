@@ -21,6 +21,16 @@ minibatch and :math:`\Delta` has independent entries of variance :math:`\sigma^2
   ((x_n \odot s_n) \circledast \Delta + \Delta_b) \odot r_n` with random signs
   :math:`s_n, r_n`.
 
+**Exactness.** Flipout keeps the weight-sampling objective exactly: each example's
+perturbation has the distribution of the drawn one. Local reparameterisation is exact for
+Linear layers (a mean-field unit's pre-activation depends on its own row of weights only).
+For Conv2d it gives every output position its exact marginal but draws the positions of one
+image independently, whereas under shared weights they are correlated; once positions are
+mixed nonlinearly (pooling, a later layer) the objective differs from the weight-sampling
+ELBO. This is the usual local reparameterisation for convolutions (Molchanov et al. 2017)
+and the weight sharing flipout was designed for (Wen et al. 2018): prefer flipout for conv
+nets when exactness matters.
+
 Under :class:`~pyro_bbb.MeanFieldGuide` (or Pyro's ``AutoNormal``) :math:`\bar W` is the
 mean. Under :class:`~pyro_bbb.LowRankGuide` it is :math:`\mu + V\varepsilon_2`, the
 rank-``r`` part drawn once and shared by the minibatch exactly, and only the diagonal part
@@ -274,7 +284,9 @@ def local_reparameterization() -> LocalReparameterizationMessenger:
 
     or as ``fit(..., reparam="local")`` / ``predict(..., reparam="local")``. Each example
     gets its own draw of the pre-activations, which lowers the variance of the gradient
-    (Kingma et al. 2015). Under :class:`~pyro_bbb.LowRankGuide` the rank-``r`` part is
+    (Kingma et al. 2015). Exact for Linear layers; for Conv2d the output positions of an
+    image are drawn independently, an approximation (see the module's notes; flipout is
+    exact there). Under :class:`~pyro_bbb.LowRankGuide` the rank-``r`` part is
     shared by the minibatch exactly. Weights drawn from anything but a Gaussian per weight
     (e.g. ``AutoIAFNormal``, or a scale-mixture prior with no guide) raise
     ``NotImplementedError`` naming the site and its source; there is no silent fallback.

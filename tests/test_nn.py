@@ -10,6 +10,7 @@ from pyro.infer import Predictive
 from pyro.nn import PyroModule
 from torch import nn
 
+import pyro_bbb
 from pyro_bbb import BNN, BayesianAffine, MeanFieldGuide, bayesianize, likelihoods, mlp
 from pyro_bbb.nn import initial_values
 from pyro_bbb.ops import Conv2dMap, LinearMap
@@ -482,3 +483,30 @@ def test_priors_follow_the_module_to_cuda(prior):
             assert layer.prior_distribution(param).sample().device.type == "cuda"
     sites = _sample_sites(net, torch.randn(4, 3, device="cuda"))
     assert all(site["value"].device.type == "cuda" for site in sites.values())
+
+
+def test_four_d_only_layers_take_inputs_with_sample_dims_after_bayesianize():
+    import pickle
+
+    cnn = nn.Sequential(
+        nn.Conv2d(1, 4, 3, padding=1),
+        nn.BatchNorm2d(4),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Flatten(-3),
+        nn.Linear(4 * 4 * 4, 3),
+    )
+    net = bayesianize(cnn)
+    assert isinstance(net[3], nn.MaxPool2d) and isinstance(net[1], nn.BatchNorm2d)
+    model = BNN(net, likelihoods.Categorical(), num_data=12)
+    guide = MeanFieldGuide(model)
+    x, y = torch.randn(12, 1, 8, 8), torch.randint(0, 3, (12,))
+    pyro_bbb.fit(model, guide, x, y, epochs=2, num_particles=3, progress=False)
+    pred = pyro_bbb.predict(model, guide, x, num_samples=5)
+    assert pred.probs_samples.shape == (5, 12, 3)
+    # the pooled output of each sample equals pooling that sample on its own
+    sample = torch.randn(5, 12, 4, 8, 8)
+    expected = torch.stack([nn.functional.max_pool2d(s, 2) for s in sample])
+    assert torch.equal(net[3](sample), expected)
+    assert sorted(guide.median()) == ["0.bias", "0.weight", "5.bias", "5.weight"]
+    pickle.loads(pickle.dumps((model, guide)))

@@ -98,12 +98,10 @@ def kl_low_rank_diagonal(q: dist.LowRankMultivariateNormal, p: Independent) -> t
     factor, diag = q._unbroadcasted_cov_factor, q._unbroadcasted_cov_diag
     trace_term = ((diag + factor.pow(2).sum(-1)) / var).sum(-1)
     mahalanobis = ((q.loc - loc).pow(2) / var).sum(-1)
-    capacitance = torch.eye(factor.shape[-1], dtype=factor.dtype, device=factor.device) + (
-        factor.mT @ (factor / diag.unsqueeze(-1))
-    )
-    log_det_q = diag.log().sum(-1) + 2 * torch.linalg.cholesky(capacitance).diagonal(
-        dim1=-2, dim2=-1
-    ).log().sum(-1)
+    # log det(D + VVᵀ) = log det D + log det(I + Vᵀ D⁻¹ V); torch keeps the Cholesky factor of
+    # that r × r capacitance matrix from the constructor, so it is not factorised again.
+    capacitance_tril = q._capacitance_tril
+    log_det_q = diag.log().sum(-1) + 2 * capacitance_tril.diagonal(dim1=-2, dim2=-1).log().sum(-1)
     d = q.event_shape[-1]
     return 0.5 * (trace_term + mahalanobis - d + var.log().sum(-1) - log_det_q)
 
