@@ -159,10 +159,11 @@ class ScaleMixture(dist.TorchDistribution):
         sigma2: float | torch.Tensor = 0.0025,
         validate_args: bool | None = None,
     ) -> None:
-        for name, value in (("pi", pi), ("sigma1", sigma1), ("sigma2", sigma2)):
-            if isinstance(value, Real):
-                ok = 0 < value < 1 if name == "pi" else 0 < value < math.inf
-                if not ok:
+        if validate_args is not False:  # site_distribution passes False: checked once here
+            for name, value in (("pi", pi), ("sigma1", sigma1), ("sigma2", sigma2)):
+                v = torch.as_tensor(value, dtype=torch.float64)
+                ok = ((v > 0) & (v < 1)) if name == "pi" else ((v > 0) & torch.isfinite(v))
+                if not bool(ok.all()):
                     expected = "in (0, 1)" if name == "pi" else "positive"
                     raise ValueError(f"{name} must be {expected}, got {value!r}")
         self.pi, self.sigma1, self.sigma2 = broadcast_all(pi, sigma1, sigma2)

@@ -332,3 +332,9 @@ def test_default_prior_is_a_unit_gaussian_on_every_site():
         for param in ("weight", "bias"):
             scale = _prior_scale(layer, param)
             torch.testing.assert_close(scale, torch.ones_like(scale))
+
+
+@pytest.mark.parametrize("pi", [torch.tensor(0.0), torch.tensor(1.0), torch.tensor([0.3, 1.0])])
+def test_scale_mixture_refuses_tensor_pi_at_the_ends_of_the_interval(pi):
+    with pytest.raises(ValueError, match="pi must be in"):
+        ScaleMixture(pi, 1.0, 0.1)
