@@ -189,8 +189,21 @@ class ClassificationPrediction(Prediction):
         return (self.entropy - self.expected_entropy).clamp_min(0)
 
     def log_likelihood(self, y: torch.Tensor) -> float:
-        """Mean log predictive probability of the labels ``y`` per point (nats)."""
-        return -metrics.nll(self.probs, y)
+        r"""Mean log predictive probability of the labels ``y`` per point (nats).
+
+        :math:`\frac1N\sum_i \log \frac1S \sum_s p(y_i \mid w_s)`, where for multi-label
+        Bernoulli targets ``(batch, dim)`` the labels of one point are joint under each
+        sample (a product over ``dim``), not averaged separately.
+        """
+        if self.binary:
+            probs = self.probs_samples.clamp(1e-12, 1 - 1e-12)
+            y = y.to(probs.dtype).expand_as(probs)
+            log_p = torch.xlogy(y, probs) + torch.xlogy(1 - y, 1 - probs)
+            log_p = log_p.reshape(*log_p.shape[:2], -1).sum(-1)
+        else:
+            index = y.long().reshape(1, -1, 1).expand(self.num_samples, -1, 1)
+            log_p = self.probs_samples.clamp_min(1e-12).log().gather(-1, index).squeeze(-1)
+        return metrics.log_likelihood(log_p)
 
 
 @torch.no_grad()

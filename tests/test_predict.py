@@ -351,3 +351,15 @@ def test_predict_rejects_batch_size_that_is_not_a_positive_int(trained, batch_si
     model, guide, x = trained
     with pytest.raises(ValueError, match=r"batch_size must be a positive int"):
         predict(model, guide, x, batch_size=batch_size)
+
+
+def test_multi_label_log_likelihood_treats_the_labels_of_a_point_jointly_per_sample():
+    # two samples that agree with each other label-wise on average but never jointly
+    probs = torch.tensor([[[1 - 1e-9, 1e-9]], [[1e-9, 1 - 1e-9]]], dtype=torch.float64)
+    pred = ClassificationPrediction(samples=torch.zeros(2, 1, 2), probs_samples=probs, binary=True)
+    # labels (1, 1): each sample gives it probability ~0, so the mixture does too
+    assert pred.log_likelihood(torch.tensor([[1.0, 1.0]])) < -15
+    # averaging the probabilities first would have claimed 0.5 * 0.5
+    assert pred.probs.prod().item() == pytest.approx(0.25)
+    # labels (1, 0): the first sample gives probability ~1, the mixture 1/2
+    assert pred.log_likelihood(torch.tensor([[1.0, 0.0]])) == pytest.approx(math.log(0.5))
