@@ -29,12 +29,12 @@ weight sample costs little and flipout, which removes only that covariance, gain
 from __future__ import annotations
 
 import argparse
-import platform
 import time
 from collections.abc import Callable
 
 import pyro
 import torch
+from _common import machine
 
 import pyro_bbb
 from pyro_bbb.elbo import AnnealedELBO
@@ -131,18 +131,6 @@ LABELS = {
     "local": "local reparameterisation",
     "flipout": "flipout",
 }
-
-
-def machine() -> str:
-    """The CPU model, for the record."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def main() -> None:

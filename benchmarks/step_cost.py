@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import math
-import platform
 import statistics
 import time
 from collections.abc import Callable
@@ -36,6 +35,7 @@ import pyro
 import pyro.optim
 import torch
 import torch.nn.functional as F
+from _common import machine
 from pyro.infer import SVI, Trace_ELBO
 from pyro.infer.autoguide import AutoNormal
 
@@ -218,18 +218,6 @@ def _time(configs, steps: int, warmup: int, fit_every: int) -> dict[str, float]:
             run()
             samples[label].append(time.perf_counter() - start)
     return {label: statistics.median(values) for label, values in samples.items()}
-
-
-def machine() -> str:
-    """The CPU model, for the record."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def main() -> None:

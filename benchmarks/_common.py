@@ -1,0 +1,15 @@
+"""What the benchmark scripts share: a description of the machine they ran on."""
+
+import platform
+
+
+def machine() -> str:
+    """The CPU model, for the record."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
