@@ -39,6 +39,10 @@ class BNN(PyroModule):
         net: A Bayesian network (``PyroModule``), e.g. ``mlp([1, 50, 1])``.
         likelihood: The observation model, e.g. ``likelihoods.Gaussian()``.
         num_data: ``N``, the number of training points.
+        name: Prefix of the model's site and parameter names (``"a"`` gives ``"a.0.weight"``
+            and ``"a.likelihood.scale"``). Pyro's param store is global: two models in one
+            process with the same (default, empty) name share their point estimates, such
+            as a learned noise scale.
 
     Raises:
         TypeError: If ``net`` is not a ``PyroModule`` or ``likelihood`` not a ``Likelihood``.
@@ -50,7 +54,9 @@ class BNN(PyroModule):
     #: Name of the observation site.
     observation_site = "obs"
 
-    def __init__(self, net: nn.Module, likelihood: Likelihood, num_data: int) -> None:
+    def __init__(
+        self, net: nn.Module, likelihood: Likelihood, num_data: int, *, name: str = ""
+    ) -> None:
         if not isinstance(net, PyroModule):
             raise TypeError(
                 "net must be a Bayesian PyroModule, e.g. bayesianize(module) or "
@@ -63,16 +69,19 @@ class BNN(PyroModule):
             )
         if isinstance(num_data, bool) or not isinstance(num_data, int) or num_data < 1:
             raise ValueError(f"num_data must be a positive int, got {num_data!r}")
-        super().__init__()
+        if not isinstance(name, str):
+            raise TypeError(f"name must be a str, got {type(name).__name__}")
+        super().__init__(name=name)
         self.net = net
         self.likelihood = likelihood
         self.num_data = num_data
-        # Root the network's site names at "" so they read "fc1.weight", not "net.fc1.weight".
-        net._pyro_set_supermodule("", self._pyro_context)
+        # Root the network's sites at the model's name, so they read "fc1.weight" (or
+        # "name.fc1.weight"), not "net.fc1.weight".
+        net._pyro_set_supermodule(name, self._pyro_context)
 
     def __getattr__(self, name: str):
         # PyroModule renames a child whose name is "" on every attribute access; reading
-        # the network straight from _modules keeps its sites rooted at "".
+        # the network straight from _modules keeps its sites rooted at the model's name.
         if name == "net" and "net" in self.__dict__.get("_modules", {}):
             return self._modules["net"]
         return super().__getattr__(name)

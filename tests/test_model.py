@@ -361,3 +361,27 @@ def test_mean_field_guide_rejects_an_init_loc_of_another_type():
     guide = MeanFieldGuide(_regression_model(8), init_loc=[1.0, 2.0])
     with pytest.raises(TypeError, match=r"init_loc must be None, a pretrained nn.Module"):
         guide(x, y)
+
+
+def test_named_models_keep_their_own_sites_and_point_estimates():
+    x, y = torch.randn(20, 2), torch.randn(20)
+    first = BNN(mlp([2, 3, 1]), likelihoods.Gaussian(), 20, name="first")
+    second = BNN(mlp([2, 3, 1]), likelihoods.Gaussian(), 20, name="second")
+    guide = MeanFieldGuide(first, name="first_guide")
+    fit(first, guide, x, y, epochs=100, lr=0.05, progress=False)
+    assert sorted(guide.median()) == [
+        "first.0.bias",
+        "first.0.weight",
+        "first.2.bias",
+        "first.2.weight",
+    ]
+    trace = pyro.poutine.trace(second).get_trace(x, y)
+    assert "second.likelihood.scale" in trace.nodes
+    # the second model's learned noise did not move with the first model's training
+    assert first.likelihood.scale.item() != pytest.approx(1.0, abs=1e-3)
+    assert trace.nodes["second.likelihood.scale"]["value"].item() == pytest.approx(1.0)
+
+
+def test_model_name_must_be_a_string():
+    with pytest.raises(TypeError, match="name"):
+        BNN(mlp([2, 1]), likelihoods.Gaussian(), 5, name=3)
