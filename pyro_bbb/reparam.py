@@ -47,6 +47,7 @@ import pyro.distributions as dist
 import torch
 from pyro.poutine.messenger import Messenger
 from pyro.poutine.runtime import Message
+from pyro.poutine.util import site_is_subsample
 
 from .guides.low_rank import BLOCK_KEY
 from .ops import AffineMap, _sample_shape
@@ -115,7 +116,7 @@ class _WeightNoiseMessenger(Messenger):
 
     # -- remember every latent draw, once: a replay of it (same tensor) is not a new draw
     def _pyro_post_sample(self, msg: Message) -> None:
-        if msg["is_observed"] or type(msg["fn"]).__name__ == "_Subsample":
+        if msg["is_observed"] or site_is_subsample(msg):
             return
         name, value = msg["name"], msg["value"]
         previous = self._draws.get(name)
