@@ -5,9 +5,9 @@ This module holds the two affine maps a Bayesian layer can apply, :class:`Linear
 which every Bayesian layer applies them. It knows nothing of priors, guides or estimators.
 
 **Shapes.** Under Pyro plates a global weight site drawn ``P`` times (particles, predictive
-samples) has shape ``(P, 1, *weight_shape)``: the ``1`` is the data plate's dim. So a
-weight's *sample shape* ends in a size-1 dim aligned with the data dim of the input, and the
-dims left of it broadcast against the input's leading dims. Inputs are
+samples) has shape ``(P, 1, *weight_shape)``: the ``1`` is the data plate's dim; replayed by
+``Predictive`` it is ``(P, *weight_shape)``. :func:`sample_shape` drops that trailing ``1``
+where present, and the remaining sample dims broadcast against the input's leading dims. Inputs are
 ``(*sample, batch, *features)`` where ``sample`` may be empty (the first layer) and
 ``features`` is ``(in_features,)`` or ``(channels, height, width)``. Outputs are
 ``(*broadcast(sample, weight_sample), batch, *out_features)``. ``torch.nn.functional.linear``
@@ -28,19 +28,17 @@ import torch
 import torch.nn.functional as F
 from pyro.poutine.runtime import effectful
 
-__all__ = ["AffineMap", "Conv2dMap", "LinearMap", "bayesian_affine"]
+__all__ = ["AffineMap", "Conv2dMap", "LinearMap", "bayesian_affine", "sample_shape"]
 
 
-def _sample_shape(param: torch.Tensor, event_dims: int) -> torch.Size | None:
+def sample_shape(param: torch.Tensor, event_dims: int) -> torch.Size:
     """Sample dims of a parameter with a trailing size-1 (data plate) dim dropped.
 
-    ``None`` for a plain parameter. ``(P, 1, out, in)`` (drawn under a particle plate) and
+    Empty for a plain parameter. ``(P, 1, out, in)`` (drawn under a particle plate) and
     ``(P, out, in)`` (as ``Predictive`` replays guide samples) both give ``(P,)``.
     """
-    sample_shape = param.shape[: param.dim() - event_dims]
-    if not sample_shape:
-        return None
-    return sample_shape[:-1] if sample_shape[-1] == 1 else sample_shape
+    dims = param.shape[: param.dim() - event_dims]
+    return dims[:-1] if dims and dims[-1] == 1 else dims
 
 
 def _squeeze_sample(param: torch.Tensor, event_dims: int, sample_shape: torch.Size) -> torch.Tensor:
@@ -82,10 +80,9 @@ class AffineMap:
         ``(*sample, [1,] out)`` becomes ``(*sample, 1, out, *ones)``.
         """
         trailing = [1] * (self.output_event_dims - 1)
-        sample = _sample_shape(bias, 1)
-        if sample is None:
+        if bias.dim() == 1:
             return bias.reshape(*bias.shape, *trailing)
-        return bias.reshape(*sample, 1, bias.shape[-1], *trailing)
+        return bias.reshape(*sample_shape(bias, 1), 1, bias.shape[-1], *trailing)
 
     def feature_dims(self, x: torch.Tensor) -> torch.Size:
         """The trailing feature dims of an input."""
@@ -102,10 +99,8 @@ class LinearMap(AffineMap):
     def __call__(  # noqa: D102 (documented on AffineMap)
         self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     ) -> torch.Tensor:
-        weight_sample = _sample_shape(weight, 2)
-        if weight_sample is not None:
-            # (*S, [1,] out, in) -> (*S, out, in); x (*Sx, batch, in) -> (*S ∨ Sx, batch, out)
-            weight = _squeeze_sample(weight, 2, weight_sample)
+        # (*S, [1,] out, in) -> (*S, out, in); x (*Sx, batch, in) -> (*S ∨ Sx, batch, out)
+        weight = _squeeze_sample(weight, 2, sample_shape(weight, 2))
         out = torch.matmul(x, weight.mT)
         if bias is not None:
             out = out + self.bias_view(bias)
@@ -137,13 +132,13 @@ class Conv2dMap(AffineMap):
             raise ValueError(
                 f"x must be (*sample, batch, channels, height, width), got shape {tuple(x.shape)}"
             )
-        weight_sample = _sample_shape(weight, 4)
-        if weight_sample is None:
+        weight_sample = sample_shape(weight, 4)
+        weight = _squeeze_sample(weight, 4, weight_sample)
+        if not weight_sample:
             lead = x.shape[:-3]
             out = self._conv(x.reshape(-1, *x.shape[-3:]), weight, self.groups)
             out = out.reshape(*lead, *out.shape[-3:])
         else:
-            weight = _squeeze_sample(weight, 4, weight_sample)
             out = self._conv_sampled(x, weight, weight_sample)
         if bias is not None:
             out = out + self.bias_view(bias)

@@ -50,7 +50,7 @@ from pyro.poutine.runtime import Message
 from pyro.poutine.util import site_is_subsample
 
 from .guides.low_rank import BLOCK_KEY
-from .ops import AffineMap, _sample_shape
+from .ops import AffineMap, sample_shape
 
 __all__ = ["estimator", "flipout", "local_reparameterization"]
 
@@ -172,8 +172,7 @@ class _WeightNoiseMessenger(Messenger):
                 raise NotImplementedError(self._unsupported(site, draw))
             shared = _collapse_expanded(normal.loc, event_dims)
             variance = _collapse_expanded(normal.scale, event_dims).pow(2)
-        sample_shape = tuple(_sample_shape(value, event_dims) or ())
-        return _Split(shared, variance, value - shared, sample_shape)
+        return _Split(shared, variance, value - shared, tuple(sample_shape(value, event_dims)))
 
     def _source(self, site: str, draw: _Draw) -> _Draw:
         """Follow AutoNormal's ``Delta`` at a real site to its ``<site>_unconstrained`` draw."""
