@@ -13,8 +13,10 @@ files hold one 0-based integer per line.
 
 from __future__ import annotations
 
+import math
 import os
 import re
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
@@ -25,11 +27,15 @@ __all__ = [
     "Split",
     "Standardizer",
     "ToyData",
+    "UCIFolder",
+    "UCISplit",
     "digits",
+    "find_uci_folders",
     "gap_function",
     "gap_regions",
     "gap_regression",
     "load_uci",
+    "load_uci_folder",
     "uci_num_splits",
 ]
 
@@ -290,24 +296,33 @@ def load_uci(folder: str | os.PathLike[str], split: int = 0) -> Split:
         raise ValueError(
             f"split must be an int in [0, {num_splits}) for UCI folder {str(root)!r}, got {split!r}"
         )
+    x, y = _read_uci_table(root)
+    train, test = _read_split_rows(root, split, x.shape[0])
+    return Split(x_train=x[train], y_train=y[train], x_test=x[test], y_test=y[test])
+
+
+def _read_uci_table(root: Path) -> tuple[torch.Tensor, torch.Tensor]:
+    """Features ``(rows, features)`` and targets ``(rows,)`` (or ``(rows, targets)``), float32."""
     data = np.loadtxt(_uci_file(root, "data.txt"), dtype=np.float64, ndmin=2)
-    num_rows, num_columns = data.shape
+    num_columns = data.shape[1]
     feature_columns = _read_indices(root, "index_features.txt")
     target_columns = _read_indices(root, "index_target.txt")
-    train_rows = _read_indices(root, f"index_train_{split}.txt")
-    test_rows = _read_indices(root, f"index_test_{split}.txt")
     _check_index_range(feature_columns, num_columns, "index_features.txt", root)
     _check_index_range(target_columns, num_columns, "index_target.txt", root)
-    _check_index_range(train_rows, num_rows, f"index_train_{split}.txt", root)
-    _check_index_range(test_rows, num_rows, f"index_test_{split}.txt", root)
-
     x = torch.from_numpy(data[:, feature_columns]).float()
     y = torch.from_numpy(data[:, target_columns]).float()
     if target_columns.size == 1:
         y = y.squeeze(-1)
-    train = torch.from_numpy(train_rows)
-    test = torch.from_numpy(test_rows)
-    return Split(x_train=x[train], y_train=y[train], x_test=x[test], y_test=y[test])
+    return x, y
+
+
+def _read_split_rows(root: Path, split: int, num_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The train and test row indices of one split, checked against the number of rows."""
+    train_rows = _read_indices(root, f"index_train_{split}.txt")
+    test_rows = _read_indices(root, f"index_test_{split}.txt")
+    _check_index_range(train_rows, num_rows, f"index_train_{split}.txt", root)
+    _check_index_range(test_rows, num_rows, f"index_test_{split}.txt", root)
+    return torch.from_numpy(train_rows), torch.from_numpy(test_rows)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -417,3 +432,210 @@ class Standardizer:
         """
         _, std = self._fitted(scale)
         return scale * std
+
+
+# ---------------------------------------------------------------------------------------------
+# UCI benchmark folders: every split, standardized on its training part
+# ---------------------------------------------------------------------------------------------
+
+
+class UCISplit(NamedTuple):
+    """One split of a UCI data set, standardized with statistics of its training part only.
+
+    Features and targets are standardized column by column with a :class:`Standardizer` fitted
+    on the training rows, so no statistic of the test rows leaks into training. Report test
+    metrics in original units: ``y_scaler.inverse_transform`` for means,
+    ``y_scaler.inverse_scale`` for standard deviations, and subtract ``log(y_scaler.std)`` from
+    a log-density per point.
+
+    Attributes:
+        index: The split's number ``K`` (from ``index_train_K.txt``).
+        x_train: Standardized training features, ``(num_train, num_features)``, float32.
+        y_train: Standardized training targets, ``(num_train,)``, float32.
+        x_test: Test features standardized with the training statistics,
+            ``(num_test, num_features)``.
+        y_test: Test targets in *original* units, ``(num_test,)``: what metrics compare to.
+        x_scaler: The features' standardizer, fitted on the training rows.
+        y_scaler: The target's standardizer, fitted on the training rows.
+    """
+
+    index: int
+    x_train: torch.Tensor
+    y_train: torch.Tensor
+    x_test: torch.Tensor
+    y_test: torch.Tensor
+    x_scaler: Standardizer
+    y_scaler: Standardizer
+
+
+class UCIFolder:
+    """A UCI regression data set in split-folder format, read once, with all of its splits.
+
+    Made by :func:`load_uci_folder`. ``len(data)`` is the number of splits, ``data[k]`` the
+    standardized :class:`UCISplit` ``k`` and iterating gives every split in order.
+
+    Attributes:
+        name: The folder's name (``"boston"``).
+        path: The folder.
+        x: Every row's features in original units, ``(num_rows, num_features)``, float32.
+        y: Every row's target in original units, ``(num_rows,)``, float32.
+        train_rows: Per split, the 0-based training row indices, int64 tensors.
+        test_rows: Per split, the 0-based test row indices, int64 tensors.
+        n_hidden: Hidden units of the standard protocol (``n_hidden.txt``), or ``None``.
+        n_epochs: Epochs of the standard protocol (``n_epochs.txt``), or ``None``.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        path: Path,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        train_rows: Sequence[torch.Tensor],
+        test_rows: Sequence[torch.Tensor],
+        n_hidden: int | None,
+        n_epochs: int | None,
+    ) -> None:
+        self.name = name
+        self.path = path
+        self.x = x
+        self.y = y
+        self.train_rows = tuple(train_rows)
+        self.test_rows = tuple(test_rows)
+        self.n_hidden = n_hidden
+        self.n_epochs = n_epochs
+
+    @property
+    def num_features(self) -> int:
+        """Number of input features."""
+        return self.x.shape[1]
+
+    def __len__(self) -> int:
+        return len(self.train_rows)
+
+    def __getitem__(self, k: int) -> UCISplit:
+        if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k < len(self):
+            raise IndexError(
+                f"split must be an int in [0, {len(self)}) for {self.name!r}, got {k!r}"
+            )
+        train, test = self.train_rows[k], self.test_rows[k]
+        x_scaler = Standardizer().fit(self.x[train])
+        y_scaler = Standardizer().fit(self.y[train])
+        return UCISplit(
+            index=k,
+            x_train=x_scaler.transform(self.x[train]),
+            y_train=y_scaler.transform(self.y[train]),
+            x_test=x_scaler.transform(self.x[test]),
+            y_test=self.y[test],
+            x_scaler=x_scaler,
+            y_scaler=y_scaler,
+        )
+
+    def __iter__(self) -> Iterator[UCISplit]:
+        return (self[k] for k in range(len(self)))
+
+    def __repr__(self) -> str:
+        return (
+            f"UCIFolder({self.name!r}, rows={self.x.shape[0]}, features={self.num_features}, "
+            f"splits={len(self)}, n_hidden={self.n_hidden}, n_epochs={self.n_epochs})"
+        )
+
+
+def _read_optional_int(root: Path, name: str) -> int | None:
+    path = root / name
+    if not path.is_file():
+        return None
+    text = path.read_text().split()
+    value = float(text[0]) if text else math.nan
+    if not (math.isfinite(value) and value == round(value) and value >= 1):
+        raise ValueError(f"{name!r} in UCI folder {str(root)!r} must hold a positive integer")
+    return int(value)
+
+
+def load_uci_folder(path: str | os.PathLike[str], *, num_splits: int | None = None) -> UCIFolder:
+    """Read a UCI regression data set in split-folder format, with every split.
+
+    The folder holds ``data.txt``, ``index_features.txt``, ``index_target.txt`` and
+    ``index_train_K.txt`` / ``index_test_K.txt`` for ``K = 0, 1, …`` (see :func:`load_uci`), and
+    optionally ``n_splits.txt``, ``n_hidden.txt`` and ``n_epochs.txt`` (one integer each). The
+    data are read once; indexing the result gives a :class:`UCISplit` whose features and target
+    are standardized with the mean and standard deviation of that split's *training rows only*.
+
+    Args:
+        path: The data set's folder (e.g. ``.../uci/boston``); its name becomes the data set's
+            name.
+        num_splits: Read only the first this many splits; ``None`` reads all of them
+            (``n_splits.txt``, or the number of ``index_train_K.txt`` files).
+
+    Returns:
+        A :class:`UCIFolder`: ``len`` is the number of splits read, ``folder[k]`` split ``k``.
+
+    Raises:
+        FileNotFoundError: If the folder or one of its files is missing; the message names both.
+        ValueError: If ``num_splits`` is not a positive int at most the number of splits, an
+            index file holds non-integer or out-of-range indices, or a split's training and test
+            rows overlap.
+    """
+    root = Path(path)
+    available = uci_num_splits(root)
+    if num_splits is None:
+        num_splits = available
+    elif isinstance(num_splits, bool) or not isinstance(num_splits, int):
+        raise ValueError(f"num_splits must be a positive int or None, got {num_splits!r}")
+    elif not 1 <= num_splits <= available:
+        raise ValueError(
+            f"num_splits must be in [1, {available}] for UCI folder {str(root)!r}, got {num_splits}"
+        )
+    x, y = _read_uci_table(root)
+    if y.dim() != 1:
+        raise ValueError(
+            f"load_uci_folder reads one target column; 'index_target.txt' in {str(root)!r} "
+            f"lists {y.shape[1]}"
+        )
+    train_rows, test_rows = [], []
+    for k in range(num_splits):
+        train, test = _read_split_rows(root, k, x.shape[0])
+        overlap = np.intersect1d(train.numpy(), test.numpy())
+        if overlap.size:
+            raise ValueError(
+                f"split {k} of UCI folder {str(root)!r} has {overlap.size} row(s) in both "
+                f"'index_train_{k}.txt' and 'index_test_{k}.txt' (first: {int(overlap[0])})"
+            )
+        train_rows.append(train)
+        test_rows.append(test)
+    return UCIFolder(
+        name=root.resolve().name,
+        path=root,
+        x=x,
+        y=y,
+        train_rows=train_rows,
+        test_rows=test_rows,
+        n_hidden=_read_optional_int(root, "n_hidden.txt"),
+        n_epochs=_read_optional_int(root, "n_epochs.txt"),
+    )
+
+
+def find_uci_folders(path: str | os.PathLike[str]) -> list[Path]:
+    """The UCI data set folders at ``path``: itself if it holds ``data.txt``, else its children.
+
+    Args:
+        path: A data set's folder, or a folder of data set folders (``.../uci``).
+
+    Returns:
+        The data set folders, sorted by name.
+
+    Raises:
+        FileNotFoundError: If ``path`` is not a folder, or neither it nor any of its
+            subfolders holds a ``data.txt``.
+    """
+    root = Path(path)
+    if not root.is_dir():
+        raise FileNotFoundError(f"UCI path {str(root)!r} is not a folder")
+    if (root / "data.txt").is_file():
+        return [root]
+    found = sorted(child for child in root.iterdir() if (child / "data.txt").is_file())
+    if not found:
+        raise FileNotFoundError(
+            f"UCI path {str(root)!r} holds no 'data.txt', and none of its subfolders does"
+        )
+    return found

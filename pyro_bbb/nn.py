@@ -310,12 +310,19 @@ def mlp(
     prior: PriorSpec | None = None,
     *,
     deterministic: Sequence[str] = (),
+    dropout: float = 0.0,
 ) -> PyroModule:
     """Build a Bayesian multi-layer perceptron in one call.
 
     ``mlp([1, 50, 50, 1])`` is ``bayesianize(nn.Sequential(Linear(1, 50), ReLU(),
     Linear(50, 50), ReLU(), Linear(50, 1)))``; its sites are ``"0.weight"``, ``"0.bias"``,
     ``"2.weight"``, … (the Sequential's indices).
+
+    With ``dropout=p > 0`` an ``nn.Dropout(p)`` follows every activation, so the sites of
+    ``mlp([1, 50, 1], dropout=0.1)`` are ``"0.*"`` and ``"3.*"``. Dropout is active while the
+    network is in training mode (the default, also during :func:`~pyro_bbb.predict`), which is
+    MC dropout (Gal and Ghahramani 2016, https://arxiv.org/abs/1506.02142): each weight sample
+    of a prediction also draws its own dropout masks. Call ``net.eval()`` to switch it off.
 
     Args:
         sizes: Layer widths from input to output, at least two; e.g. ``[in, hidden, out]``.
@@ -324,17 +331,22 @@ def mlp(
             every layer but the last.
         prior: As in :func:`bayesianize`; defaults to ``Gaussian(1.0)``.
         deterministic: As in :func:`bayesianize`.
+        dropout: Probability in ``[0, 1)`` of zeroing each hidden unit after each activation;
+            0 (the default) adds no dropout layer.
 
     Returns:
         The Bayesian network mapping ``(*sample, batch, sizes[0])`` to
         ``(*sample, batch, sizes[-1])``.
 
     Raises:
-        ValueError: On fewer than two sizes, a non-positive size or an unknown activation.
+        ValueError: On fewer than two sizes, a non-positive size, an unknown activation or a
+            dropout probability outside ``[0, 1)``.
     """
     sizes = list(sizes)
     if len(sizes) < 2 or any(not isinstance(s, int) or s < 1 for s in sizes):
         raise ValueError(f"sizes must be at least two positive ints, got {sizes!r}")
+    if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0 <= dropout < 1:
+        raise ValueError(f"dropout must be a probability in [0, 1), got {dropout!r}")
     if isinstance(activation, str):
         if activation not in _ACTIVATIONS:
             raise ValueError(
@@ -347,6 +359,8 @@ def mlp(
         layers.append(nn.Linear(n_in, n_out))
         if i < len(sizes) - 2:
             layers.append(activation())
+            if dropout > 0:
+                layers.append(nn.Dropout(float(dropout)))
     return bayesianize(nn.Sequential(*layers), prior, deterministic=deterministic, inplace=True)
 
 
