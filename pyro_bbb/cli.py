@@ -1,8 +1,10 @@
 """The ``pyro-bbb`` command (also ``python -m pyro_bbb``).
 
 ``pyro-bbb demo`` fits a Bayesian MLP to 1-D data with a gap, prints the predictive
-uncertainty in the gap, near the data and in extrapolation, and saves a figure. The core
-package never imports this module.
+uncertainty in the gap, near the data and in extrapolation, and saves a figure.
+``pyro-bbb bench uci PATH`` runs the standard UCI regression protocol on every data set
+folder under ``PATH`` (see :mod:`pyro_bbb.uci`) and writes a Markdown table and a JSON file.
+The core package never imports this module.
 """
 
 from __future__ import annotations
@@ -16,7 +18,15 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["REGIONS", "GapDemo", "demo", "fit_gap_demo", "main", "uncertainty_by_region"]
+__all__ = [
+    "REGIONS",
+    "GapDemo",
+    "bench_uci",
+    "demo",
+    "fit_gap_demo",
+    "main",
+    "uncertainty_by_region",
+]
 
 
 @dataclass
@@ -162,6 +172,59 @@ def demo(
     return summary
 
 
+def bench_uci(
+    path: str | Path,
+    *,
+    out: str | Path = "uci_results",
+    num_splits: int | None = None,
+    methods: Sequence[str] | None = None,
+    jobs: int = 1,
+    progress: bool | None = None,
+    **options,
+):
+    """Run the UCI protocol on every data set under ``path``; print and save the tables.
+
+    Args:
+        path: A data set folder in split format, or a folder of them.
+        out: Folder for ``uci.md`` and ``uci.json``.
+        num_splits: First splits to use per data set (``None``: all).
+        methods: Subset of :data:`pyro_bbb.uci.METHODS` (``None``: all).
+        jobs: Worker processes.
+        progress: Show the progress bar (``None``: when attached to a terminal).
+        **options: Fields of :class:`pyro_bbb.uci.UCIConfig` (``epochs=``, ``guide=``, ...).
+
+    Returns:
+        The :class:`pyro_bbb.uci.UCIResults`.
+    """
+    from pyro_bbb.uci import METHODS, UCIConfig, run_uci
+
+    config = UCIConfig(**options)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # one hidden layer of 50 units runs fastest on one thread
+    try:
+        results = run_uci(
+            path,
+            num_splits=num_splits,
+            methods=METHODS if methods is None else methods,
+            config=config,
+            jobs=jobs,
+            progress=progress,
+        )
+    finally:
+        torch.set_num_threads(threads)
+    print(results.to_markdown())
+    md, js = results.save(out)
+    print(f"Saved {md} and {js}")
+    return results
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive int, got {text}")
+    return value
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``pyro-bbb`` command; returns the exit status."""
     parser = argparse.ArgumentParser(prog="pyro-bbb", description=__doc__.splitlines()[0])
@@ -171,9 +234,53 @@ def main(argv: Sequence[str] | None = None) -> int:
     run.add_argument("--epochs", type=int, default=3000)
     run.add_argument("--seed", type=int, default=0)
     run.add_argument("--reparam", choices=["local", "flipout"], default=None)
+
+    bench = commands.add_parser("bench", help="benchmarks against published results")
+    suites = bench.add_subparsers(dest="suite", required=True)
+    uci = suites.add_parser(
+        "uci",
+        help="UCI regression: BNN vs deterministic net vs MC dropout, beside published figures",
+        description="Run the standard UCI protocol on every data set folder under PATH "
+        "(a folder holding data.txt and index_*.txt files, or a folder of such folders).",
+    )
+    uci.add_argument("path", metavar="PATH", help="data set folder, or a folder of them")
+    uci.add_argument("--splits", type=_positive_int, default=None, help="first K splits (all)")
+    uci.add_argument("--guide", choices=["meanfield", "lowrank"], default="meanfield")
+    uci.add_argument("--rank", type=_positive_int, default=2, help="low-rank guide's rank")
+    uci.add_argument(
+        "--reparam",
+        choices=["local", "flipout", "none"],
+        default="local",
+        help="the BNN's gradient estimator (none: sample the weights)",
+    )
+    uci.add_argument("--epochs", type=_positive_int, default=None, help="training epochs")
+    uci.add_argument("--batch-size", type=_positive_int, default=None)
+    uci.add_argument("--lr", type=float, default=None, help="Adam learning rate")
+    uci.add_argument("--methods", nargs="+", choices=["bnn", "deterministic", "mc_dropout"])
+    uci.add_argument("--jobs", type=_positive_int, default=1, help="worker processes")
+    uci.add_argument("--seed", type=int, default=0)
+    uci.add_argument("--out", default="uci_results", help="folder for uci.md and uci.json")
     args = parser.parse_args(argv)
     if args.command == "demo":
         demo(out=args.out, epochs=args.epochs, seed=args.seed, reparam=args.reparam)
+    elif args.command == "bench" and args.suite == "uci":
+        options = {
+            "guide": args.guide,
+            "rank": args.rank,
+            "reparam": None if args.reparam == "none" else args.reparam,
+            "seed": args.seed,
+        }
+        for name in ("epochs", "batch_size", "lr"):
+            if getattr(args, name) is not None:
+                options[name] = getattr(args, name)
+        bench_uci(
+            args.path,
+            out=args.out,
+            num_splits=args.splits,
+            methods=args.methods,
+            jobs=args.jobs,
+            **options,
+        )
     return 0
 
 

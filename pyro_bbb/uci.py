@@ -56,7 +56,7 @@ import torch
 from pyro.infer.autoguide import AutoDelta, init_to_value
 
 from . import metrics
-from .datasets import UCIFolder, UCISplit, find_uci_folders, load_uci_folder
+from .datasets import UCIFolder, UCISplit, find_uci_folders, load_uci_folder, uci_num_splits
 from .elbo import Linear
 from .guides import LowRankGuide, MeanFieldGuide
 from .likelihoods import Gaussian
@@ -337,12 +337,12 @@ def fit_split(
 
 
 @lru_cache(maxsize=8)
-def _folder(path: str, num_splits: int | None) -> UCIFolder:
+def _folder(path: str, num_splits: int) -> UCIFolder:
     return load_uci_folder(path, num_splits=num_splits)
 
 
 def _run_one_split(
-    path: str, num_splits: int | None, k: int, methods: tuple[str, ...], config: UCIConfig
+    path: str, num_splits: int, k: int, methods: tuple[str, ...], config: UCIConfig
 ) -> list[SplitResult]:
     """Every method on split ``k`` of one folder; what a worker process runs."""
     threads = torch.get_num_threads()
@@ -520,7 +520,8 @@ def run_uci(
     Args:
         path: A data set folder, or a folder of them (see
             :func:`~pyro_bbb.datasets.find_uci_folders`).
-        num_splits: Use the first this many splits of each data set; ``None`` for all.
+        num_splits: Use the first this many splits of each data set (all of a data set with
+            fewer); ``None`` for all.
         methods: Which of :data:`METHODS` to run, in that order on each split.
         config: Training options; the defaults of :class:`UCIConfig` if omitted.
         jobs: Worker processes; splits run in parallel when above 1 (each worker uses one
@@ -533,7 +534,7 @@ def run_uci(
 
     Raises:
         FileNotFoundError: If ``path`` holds no data set folder.
-        ValueError: On an unknown method, no method, or ``jobs`` below 1.
+        ValueError: On an unknown method, no method, ``num_splits`` or ``jobs`` below 1.
     """
     methods = tuple(methods)
     unknown = [m for m in methods if m not in METHODS]
@@ -543,10 +544,15 @@ def run_uci(
         raise ValueError(f"jobs must be a positive int, got {jobs!r}")
     config = UCIConfig() if config is None else config
     folders = [str(f) for f in find_uci_folders(path)]
+    if num_splits is not None and (
+        isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 1
+    ):
+        raise ValueError(f"num_splits must be a positive int or None, got {num_splits!r}")
     tasks = []
     for folder in folders:
-        available = len(load_uci_folder(folder, num_splits=num_splits))
-        tasks += [(folder, k) for k in range(available)]
+        available = uci_num_splits(folder)
+        count = available if num_splits is None else min(num_splits, available)
+        tasks += [(folder, count, k) for k in range(count)]
 
     from tqdm.auto import tqdm
 
@@ -571,14 +577,14 @@ def run_uci(
 
     try:
         if jobs == 1:
-            for folder, k in tasks:
-                record(_run_one_split(folder, num_splits, k, methods, config))
+            for folder, count, k in tasks:
+                record(_run_one_split(folder, count, k, methods, config))
         else:
             context = get_context("spawn")
             with ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
                 futures = [
-                    pool.submit(_run_one_split, folder, num_splits, k, methods, config)
-                    for folder, k in tasks
+                    pool.submit(_run_one_split, folder, count, k, methods, config)
+                    for folder, count, k in tasks
                 ]
                 for future in as_completed(futures):
                     record(future.result())
