@@ -8,7 +8,8 @@ train models. Features are float32; regression targets are float32 and class lab
 The UCI split-folder layout is the one used by Hernández-Lobato and Adams, *Probabilistic
 Backpropagation*, ICML 2015 (https://arxiv.org/abs/1502.05336), and later by Gal and
 Ghahramani's dropout benchmarks: ``data.txt`` is a whitespace-separated matrix, and the index
-files hold one 0-based integer per line.
+files hold one 0-based integer per line. :func:`load_uci_folder` reads every split of such a
+folder and standardizes each on its training rows; :func:`write_uci_folder` writes one.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ __all__ = [
     "load_uci",
     "load_uci_folder",
     "uci_num_splits",
+    "write_uci_folder",
 ]
 
 _GAP_DATA_INTERVALS: tuple[tuple[float, float], ...] = ((-4.0, -1.0), (1.0, 4.0))
@@ -639,3 +641,73 @@ def find_uci_folders(path: str | os.PathLike[str]) -> list[Path]:
             f"UCI path {str(root)!r} holds no 'data.txt', and none of its subfolders does"
         )
     return found
+
+
+def write_uci_folder(
+    folder: str | os.PathLike[str],
+    x: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    num_splits: int = 20,
+    test_fraction: float = 0.1,
+    n_hidden: int = 50,
+    n_epochs: int = 40,
+    seed: int = 0,
+) -> Path:
+    """Write a regression data set in the UCI split-folder format, with random splits.
+
+    Writes ``data.txt`` (features then the target, one row per point), ``index_features.txt``,
+    ``index_target.txt``, ``n_splits.txt``, ``n_hidden.txt``, ``n_epochs.txt`` and, per split,
+    ``index_train_K.txt`` / ``index_test_K.txt`` from a random permutation: the first
+    ``round(test_fraction * n)`` rows of the permutation are the test rows. Use it to run
+    :func:`load_uci_folder` and ``pyro-bbb bench uci`` on your own data.
+
+    Args:
+        folder: Where to write; created if needed. Existing files of these names are replaced.
+        x: Features, ``(n, num_features)``.
+        y: Targets, ``(n,)``.
+        num_splits: Number of random splits.
+        test_fraction: Fraction of rows per test part, in ``(0, 1)``; at least one row goes to
+            each part.
+        n_hidden: Written to ``n_hidden.txt``.
+        n_epochs: Written to ``n_epochs.txt``.
+        seed: Seed of the permutations.
+
+    Returns:
+        The folder.
+
+    Raises:
+        ValueError: On mismatched or malformed shapes, fewer than two rows, non-finite values,
+            or an option out of range.
+    """
+    if x.dim() != 2 or y.dim() != 1 or x.shape[0] != y.shape[0]:
+        raise ValueError(
+            f"x must be (n, num_features) and y (n,) with the same n, got {tuple(x.shape)} "
+            f"and {tuple(y.shape)}"
+        )
+    n = x.shape[0]
+    if n < 2:
+        raise ValueError(f"x and y need at least two rows, got {n}")
+    if not (torch.isfinite(x).all() and torch.isfinite(y).all()):
+        raise ValueError("x and y must be finite")
+    if not 0 < test_fraction < 1:
+        raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction!r}")
+    for name, value in (("num_splits", num_splits), ("n_hidden", n_hidden), ("n_epochs", n_epochs)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive int, got {value!r}")
+    root = Path(folder)
+    root.mkdir(parents=True, exist_ok=True)
+    data = torch.cat([x, y.unsqueeze(-1)], dim=-1).double().numpy()
+    np.savetxt(root / "data.txt", data, fmt="%.10g")
+    num_features = x.shape[1]
+    np.savetxt(root / "index_features.txt", np.arange(num_features), fmt="%d")
+    (root / "index_target.txt").write_text(f"{num_features}\n")
+    for name, value in (("n_splits", num_splits), ("n_hidden", n_hidden), ("n_epochs", n_epochs)):
+        (root / f"{name}.txt").write_text(f"{value}\n")
+    num_test = min(max(round(test_fraction * n), 1), n - 1)
+    generator = np.random.default_rng(seed)
+    for k in range(num_splits):
+        order = generator.permutation(n)
+        np.savetxt(root / f"index_test_{k}.txt", np.sort(order[:num_test]), fmt="%d")
+        np.savetxt(root / f"index_train_{k}.txt", np.sort(order[num_test:]), fmt="%d")
+    return root

@@ -1,8 +1,9 @@
 """Matplotlib figures for predictive uncertainty, training histories and calibration.
 
-This module holds three figure functions: regression bands that separate epistemic from total
-uncertainty, a training-history plot (loss, NLL, KL and the KL weight β per epoch) and a
-reliability diagram. It does not compute predictions or metrics beyond calling
+This module holds four figure functions: regression bands that separate epistemic from total
+uncertainty, a training-history plot (loss, NLL, KL and the KL weight β per epoch), a
+reliability diagram, and histograms of the weights' posterior standard deviations against the
+prior's. It does not compute predictions or metrics beyond calling
 :mod:`pyro_bbb.metrics`.
 
 Each function takes tensors or numpy arrays, returns a :class:`matplotlib.figure.Figure` and
@@ -28,7 +29,12 @@ from pyro_bbb import metrics
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-__all__ = ["plot_history", "plot_regression_bands", "plot_reliability"]
+__all__ = [
+    "plot_history",
+    "plot_regression_bands",
+    "plot_reliability",
+    "plot_weight_sigma",
+]
 
 ArrayLike = torch.Tensor | np.ndarray | Sequence[float]
 """Plot inputs: a tensor (any device; detached here), a numpy array or a sequence of floats."""
@@ -317,5 +323,95 @@ def plot_reliability(
     bottom.bar(curve.bin_centers, curve.counts, width=width, color="0.6", edgecolor="k", lw=0.5)
     bottom.set_xlabel("confidence")
     bottom.set_ylabel("count")
+    _save(figure, path)
+    return figure
+
+
+# ---------------------------------------------------------------------------------------------
+# Weight posteriors
+# ---------------------------------------------------------------------------------------------
+
+
+def _posterior_std(value: object, name: str) -> np.ndarray:
+    """Flattened posterior standard deviations from a tensor/array or a distribution."""
+    if hasattr(value, "variance") and not isinstance(value, (torch.Tensor, np.ndarray)):
+        value = value.variance.sqrt()  # a distribution: its marginal standard deviations
+    if isinstance(value, torch.Tensor):
+        value = value.detach().cpu().numpy()
+    array = np.asarray(value, dtype=np.float64).reshape(-1)
+    if array.size == 0:
+        raise ValueError(f"scales[{name!r}] is empty")
+    if not np.all(np.isfinite(array)) or (array <= 0).any():
+        raise ValueError(f"scales[{name!r}] must hold positive finite standard deviations")
+    return array
+
+
+def plot_weight_sigma(
+    scales: Mapping[str, object],
+    *,
+    prior_scale: float | Sequence[float] | None = None,
+    num_bins: int = 50,
+    title: str | None = None,
+    path: str | os.PathLike[str] | None = None,
+) -> Figure:
+    """Histograms of the weights' posterior standard deviations σ, with the prior's σ marked.
+
+    One step histogram per entry of ``scales`` (e.g. one per layer) on a shared logarithmic σ
+    axis. Weights whose σ stays at the prior's learned nothing from the data; weights far
+    below it are pinned down by the data. A guide that collapsed to its initial σ shows up as
+    a spike there.
+
+    Args:
+        scales: ``{name: standard deviations}``, each a tensor or array of any shape, or a
+            distribution whose ``variance`` gives them (so
+            ``MeanFieldGuide.posterior()`` and ``LowRankGuide.posterior()`` can be passed as
+            they are).
+        prior_scale: The prior's standard deviation(s), drawn as vertical lines (e.g. 1.0 for
+            ``Gaussian(1.0)``, or ``[sigma1, sigma2]`` for a scale mixture); none if omitted.
+        num_bins: Number of logarithmic bins over the σ range.
+        title: Optional axes title.
+        path: Where to save the figure; not saved if omitted.
+
+    Returns:
+        The figure, with one axes.
+
+    Raises:
+        ValueError: If ``scales`` is empty, an entry holds a non-positive or non-finite σ,
+            a prior scale is not positive, or ``num_bins`` is not a positive int.
+    """
+    if not scales:
+        raise ValueError("scales must hold at least one entry")
+    if isinstance(num_bins, bool) or not isinstance(num_bins, int) or num_bins < 1:
+        raise ValueError(f"num_bins must be a positive int, got {num_bins!r}")
+    series = {name: _posterior_std(value, name) for name, value in scales.items()}
+    if prior_scale is None:
+        priors: list[float] = []
+    elif isinstance(prior_scale, (int, float)):
+        priors = [float(prior_scale)]
+    else:
+        priors = [float(v) for v in prior_scale]
+    if any(not (np.isfinite(v) and v > 0) for v in priors):
+        raise ValueError(f"prior_scale must hold positive numbers, got {prior_scale!r}")
+
+    everything = np.concatenate([*series.values(), np.asarray(priors, dtype=np.float64)])
+    low, high = everything.min(), everything.max()
+    if high <= low * 1.0001:
+        low, high = low / 1.5, high * 1.5
+    edges = np.geomspace(low / 1.05, high * 1.05, num_bins + 1)
+
+    figure = _new_figure(figsize=(7.0, 4.0), layout="constrained")
+    ax = figure.add_subplot()
+    for i, (name, values) in enumerate(series.items()):
+        label = f"{name} (median {np.median(values):.2g})"
+        ax.hist(values, bins=edges, histtype="step", lw=1.5, color=f"C{i % 10}", label=label)
+    for i, value in enumerate(priors):
+        label = "prior σ" if i == 0 else None
+        ax.axvline(value, color="k", ls="--", lw=1.2, label=label)
+    ax.set_xscale("log")
+    ax.set_xlabel("posterior σ (weight units)")
+    ax.set_ylabel("number of weights")
+    if title is not None:
+        ax.set_title(title)
+    ax.legend(loc="best", fontsize="small")
     _save(figure, path)
     return figure

@@ -10,11 +10,14 @@ import torch
 from pyro_bbb.datasets import (
     Standardizer,
     digits,
+    find_uci_folders,
     gap_function,
     gap_regions,
     gap_regression,
     load_uci,
+    load_uci_folder,
     uci_num_splits,
+    write_uci_folder,
 )
 
 _REPO = Path(__file__).resolve().parents[1]
@@ -182,6 +185,113 @@ def test_uci_num_splits_names_a_missing_folder(tmp_path):
     missing = tmp_path / "nowhere"
     with pytest.raises(FileNotFoundError, match="nowhere"):
         uci_num_splits(missing)
+
+
+# --- UCI folders: every split, standardized on its training rows ------------------------------
+
+
+def _tiny_regression(n: int = 40, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 3, generator=generator) * torch.tensor([1.0, 10.0, 0.1]) + 5.0
+    y = x @ torch.tensor([1.0, -0.2, 3.0]) + torch.randn(n, generator=generator)
+    return x, y
+
+
+def test_load_uci_folder_standardizes_each_split_with_its_training_rows_only(tmp_path):
+    x, y = _tiny_regression()
+    folder = write_uci_folder(tmp_path / "tiny", x, y, num_splits=3, test_fraction=0.25)
+    data = load_uci_folder(folder)
+    assert len(data) == 3 and data.name == "tiny" and data.num_features == 3
+    for split in data:
+        train, test = data.train_rows[split.index], data.test_rows[split.index]
+        mean, std = x[train].mean(0), x[train].std(0, correction=0)
+        # training part: exactly zero mean, unit population std
+        torch.testing.assert_close(split.x_train.mean(0), torch.zeros(3), atol=1e-5, rtol=0)
+        torch.testing.assert_close(split.x_train.std(0, correction=0), torch.ones(3))
+        # test part: shifted and scaled by the *training* statistics, not its own
+        torch.testing.assert_close(split.x_test, (x[test] - mean) / std)
+        torch.testing.assert_close(
+            split.y_train, (y[train] - y[train].mean()) / y[train].std(0, correction=0)
+        )
+        torch.testing.assert_close(split.y_test, y[test])  # targets to score stay in original units
+        torch.testing.assert_close(split.y_scaler.mean, y[train].mean())
+        assert not torch.allclose(split.x_test.mean(0), torch.zeros(3), atol=1e-3)
+
+
+def test_load_uci_folder_statistics_do_not_move_when_only_test_rows_change(tmp_path):
+    x, y = _tiny_regression()
+    folder = write_uci_folder(tmp_path / "a", x, y, num_splits=1, test_fraction=0.25)
+    before = load_uci_folder(folder)[0]
+    test = load_uci_folder(folder).test_rows[0]
+    x_changed, y_changed = x.clone(), y.clone()
+    x_changed[test] += 1000.0
+    y_changed[test] -= 1000.0
+    folder_changed = write_uci_folder(
+        tmp_path / "b", x_changed, y_changed, num_splits=1, test_fraction=0.25
+    )
+    after = load_uci_folder(folder_changed)[0]
+    torch.testing.assert_close(after.x_scaler.mean, before.x_scaler.mean)
+    torch.testing.assert_close(after.y_scaler.std, before.y_scaler.std)
+    torch.testing.assert_close(after.x_train, before.x_train)
+
+
+def test_write_uci_folder_splits_are_disjoint_cover_every_row_and_differ(tmp_path):
+    x, y = _tiny_regression(n=50)
+    data = load_uci_folder(write_uci_folder(tmp_path, x, y, num_splits=4, test_fraction=0.1))
+    tests = []
+    for k in range(len(data)):
+        train, test = set(data.train_rows[k].tolist()), set(data.test_rows[k].tolist())
+        assert not train & test and train | test == set(range(50)) and len(test) == 5
+        tests.append(frozenset(test))
+    assert len(set(tests)) == 4
+    assert (data.n_hidden, data.n_epochs) == (50, 40)
+
+
+def test_load_uci_folder_refuses_a_split_whose_train_and_test_rows_overlap(tmp_path):
+    _write_tiny_uci(tmp_path)
+    (tmp_path / "index_test_0.txt").write_text("1\n0\n")  # row 0 is also a training row
+    with pytest.raises(ValueError, match=r"split 0 .* 1 row\(s\) in both .*first: 0"):
+        load_uci_folder(tmp_path)
+
+
+def test_load_uci_folder_reads_the_first_num_splits_and_rejects_more(tmp_path):
+    x, y = _tiny_regression()
+    folder = write_uci_folder(tmp_path, x, y, num_splits=3)
+    assert len(load_uci_folder(folder, num_splits=2)) == 2
+    with pytest.raises(ValueError, match=r"num_splits must be in \[1, 3\].*got 4"):
+        load_uci_folder(folder, num_splits=4)
+    with pytest.raises(IndexError, match=r"split must be an int in \[0, 2\)"):
+        load_uci_folder(folder, num_splits=2)[2]
+
+
+def test_load_uci_folder_without_optional_files_has_no_n_hidden(tmp_path):
+    _write_tiny_uci(tmp_path)
+    data = load_uci_folder(tmp_path)
+    assert data.n_hidden is None and data.n_epochs is None and len(data) == 1
+
+
+def test_find_uci_folders_takes_a_data_set_or_a_folder_of_them(tmp_path):
+    x, y = _tiny_regression()
+    for name in ("b", "a"):
+        write_uci_folder(tmp_path / name, x, y, num_splits=1)
+    (tmp_path / "notes").mkdir()
+    assert [p.name for p in find_uci_folders(tmp_path)] == ["a", "b"]
+    assert find_uci_folders(tmp_path / "a") == [tmp_path / "a"]
+    with pytest.raises(FileNotFoundError, match=r"holds no 'data\.txt'"):
+        find_uci_folders(tmp_path / "notes")
+
+
+@needs_boston
+def test_load_uci_folder_boston_matches_load_uci_on_every_split():
+    data = load_uci_folder(BOSTON)
+    assert len(data) == 20 and data.n_hidden == 50
+    for k in (0, 19):
+        raw = load_uci(BOSTON, k)
+        split = data[k]
+        torch.testing.assert_close(
+            split.x_scaler.inverse_transform(split.x_train), raw.x_train, atol=1e-4, rtol=1e-5
+        )
+        torch.testing.assert_close(split.y_test, raw.y_test)
 
 
 # --- Standardizer -----------------------------------------------------------------------------
