@@ -8,6 +8,7 @@ import torch
 
 from pyro_bbb.metrics import (
     accuracy,
+    auroc,
     brier,
     ece,
     expected_calibration_error,
@@ -271,3 +272,60 @@ def test_classification_metrics_reject_probabilities_outside_the_unit_interval()
 def test_calibration_rejects_a_bad_number_of_bins(num_bins):
     with pytest.raises(ValueError, match=r"num_bins must be a positive int"):
         expected_calibration_error(torch.full((2, 2), 0.5), torch.tensor([0, 1]), num_bins=num_bins)
+
+
+def test_ece_with_fifteen_bins_matches_a_hand_computed_three_bin_case():
+    # Confidences 0.95 (bin 15), 0.62 (bin 10, (9/15, 10/15]) and 0.40 (bin 6, (5/15, 6/15]).
+    rows = [[0.95, 0.05, 0.0]] * 4 + [[0.62, 0.38, 0.0]] * 5 + [[0.30, 0.30, 0.40]]
+    probs = torch.tensor(rows, dtype=torch.float64)
+    y = torch.tensor([0, 0, 0, 1, 0, 0, 0, 0, 1, 2])
+    # 0.95: accuracy 3/4, gap 0.20; 0.62: accuracy 4/5, gap 0.18; 0.40: accuracy 1, gap 0.60
+    expected = (4 * 0.20 + 5 * 0.18 + 1 * 0.60) / 10
+    assert expected_calibration_error(probs, y, num_bins=15) == pytest.approx(expected, abs=1e-12)
+    curve = reliability_curve(probs, y, num_bins=15)
+    assert curve.counts.tolist() == [0] * 5 + [1] + [0] * 3 + [5] + [0] * 4 + [4]
+
+
+# --- AUROC ------------------------------------------------------------------------------------
+
+
+def test_auroc_matches_a_hand_computed_case_with_a_tie():
+    # positives 0.35, 0.8, 0.4; negatives 0.1, 0.4: pairs won 1+0, 1+1, 1+0.5 of 6
+    scores = torch.tensor([0.1, 0.4, 0.35, 0.8, 0.4])
+    labels = torch.tensor([0, 0, 1, 1, 1])
+    assert auroc(scores, labels) == pytest.approx(4.5 / 6)
+
+
+def test_auroc_is_one_for_separated_scores_and_zero_when_reversed():
+    scores = torch.tensor([0.1, 0.2, 0.3, 0.9, 1.0])
+    labels = torch.tensor([0, 0, 0, 1, 1])
+    assert auroc(scores, labels) == 1.0
+    assert auroc(-scores, labels) == 0.0
+    assert auroc(scores, labels.bool()) == 1.0
+
+
+def test_auroc_equals_the_pairwise_mann_whitney_count_with_many_ties():
+    generator = torch.Generator().manual_seed(0)
+    scores = torch.randint(0, 6, (300,), generator=generator).double()
+    labels = torch.randint(0, 2, (300,), generator=generator)
+    pos, neg = scores[labels == 1], scores[labels == 0]
+    wins = (pos[:, None] > neg[None, :]).double() + 0.5 * (pos[:, None] == neg[None, :]).double()
+    assert auroc(scores, labels) == pytest.approx(float(wins.mean()), abs=1e-12)
+
+
+def test_auroc_of_scores_independent_of_the_labels_is_near_one_half():
+    generator = torch.Generator().manual_seed(1)
+    scores = torch.rand(4000, generator=generator)
+    labels = torch.randint(0, 2, (4000,), generator=generator)
+    assert auroc(scores, labels) == pytest.approx(0.5, abs=0.03)
+
+
+def test_auroc_needs_both_groups_and_zero_one_labels():
+    with pytest.raises(ValueError, match=r"both labels present, got 0 positive\(s\) and 3"):
+        auroc(torch.rand(3), torch.zeros(3, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"only 0 and 1"):
+        auroc(torch.rand(3), torch.tensor([0, 1, 2]))
+    with pytest.raises(ValueError, match=r"integer or bool"):
+        auroc(torch.rand(3), torch.tensor([0.0, 1.0, 1.0]))
+    with pytest.raises(ValueError, match=r"shape of scores \(3,\), got \(2,\)"):
+        auroc(torch.rand(3), torch.tensor([0, 1]))

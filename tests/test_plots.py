@@ -12,7 +12,12 @@ matplotlib.use("Agg")
 
 from matplotlib.figure import Figure  # noqa: E402
 
-from pyro_bbb.plots import plot_history, plot_regression_bands, plot_reliability  # noqa: E402
+from pyro_bbb.plots import (  # noqa: E402
+    plot_history,
+    plot_regression_bands,
+    plot_reliability,
+    plot_weight_sigma,
+)
 
 _PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -116,3 +121,39 @@ def test_plot_reliability_accepts_numpy_binary_probabilities(tmp_path):
     path = tmp_path / "binary.png"
     plot_reliability(np.array([0.1, 0.8, 0.6, 0.3]), np.array([0, 1, 0, 0]), path=path)
     _assert_png(path)
+
+
+def test_plot_weight_sigma_draws_one_histogram_per_entry_and_the_prior_line(tmp_path):
+    import pyro_bbb as bbb
+
+    model = bbb.BNN(bbb.mlp([2, 8, 1]), bbb.likelihoods.Gaussian(), num_data=4)
+    guide = bbb.MeanFieldGuide(model, init_scale=0.05)
+    guide(torch.zeros(4, 2), torch.zeros(4))
+    posterior = guide.posterior()  # distributions: their variance gives sigma
+    scales = {"0.weight": posterior["0.weight"], "2.weight": torch.full((8,), 0.3)}
+    path = tmp_path / "sigma.png"
+    figure = plot_weight_sigma(scales, prior_scale=1.0, num_bins=20, path=path)
+    _assert_png(path)
+    ax = figure.axes[0]
+    assert ax.get_xscale() == "log"
+    patches = [p for p in ax.patches if p.get_label() and not p.get_label().startswith("_")]
+    assert [p.get_label() for p in patches] == ["0.weight (median 0.05)", "2.weight (median 0.3)"]
+    (prior_line,) = [line for line in ax.lines if line.get_label() == "prior σ"]
+    assert prior_line.get_xdata()[0] == 1.0
+
+
+def test_plot_weight_sigma_counts_every_weight_in_its_histogram():
+    values = np.array([0.01] * 5 + [0.1] * 3)
+    figure = plot_weight_sigma({"w": values}, num_bins=4)
+    (patch,) = figure.axes[0].patches
+    heights = patch.get_xy()[:, 1]
+    assert heights.max() == 5 and sorted(set(heights.tolist()))[-2:] == [3.0, 5.0]
+
+
+def test_plot_weight_sigma_rejects_non_positive_scales_and_priors():
+    with pytest.raises(ValueError, match=r"scales\['w'\] must hold positive finite"):
+        plot_weight_sigma({"w": torch.tensor([0.1, 0.0])})
+    with pytest.raises(ValueError, match=r"prior_scale must hold positive numbers"):
+        plot_weight_sigma({"w": torch.tensor([0.1])}, prior_scale=[1.0, -2.0])
+    with pytest.raises(ValueError, match=r"at least one entry"):
+        plot_weight_sigma({})
