@@ -177,6 +177,7 @@ def bench_uci(
     *,
     out: str | Path = "uci_results",
     num_splits: int | None = None,
+    datasets: Sequence[str] | None = None,
     methods: Sequence[str] | None = None,
     jobs: int = 1,
     progress: bool | None = None,
@@ -188,6 +189,7 @@ def bench_uci(
         path: A data set folder in split format, or a folder of them.
         out: Folder for ``uci.md`` and ``uci.json``.
         num_splits: First splits to use per data set (``None``: all).
+        datasets: Names of the data set folders to run (``None``: all found).
         methods: Subset of :data:`pyro_bbb.uci.METHODS` (``None``: all).
         jobs: Worker processes.
         progress: Show the progress bar (``None``: when attached to a terminal).
@@ -205,6 +207,7 @@ def bench_uci(
         results = run_uci(
             path,
             num_splits=num_splits,
+            datasets=datasets,
             methods=METHODS if methods is None else methods,
             config=config,
             jobs=jobs,
@@ -245,6 +248,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     uci.add_argument("path", metavar="PATH", help="data set folder, or a folder of them")
     uci.add_argument("--splits", type=_positive_int, default=None, help="first K splits (all)")
+    uci.add_argument("--datasets", nargs="+", help="data set folder names to run (all)")
     uci.add_argument("--guide", choices=["meanfield", "lowrank"], default="meanfield")
     uci.add_argument("--rank", type=_positive_int, default=2, help="low-rank guide's rank")
     uci.add_argument(
@@ -277,6 +281,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.path,
             out=args.out,
             num_splits=args.splits,
+            datasets=args.datasets,
             methods=args.methods,
             jobs=args.jobs,
             **options,

@@ -169,7 +169,8 @@ class UCIConfig:
     Attributes:
         epochs: Passes over the training rows (the folders' ``n_epochs.txt`` says 40, too few
             for mean-field VI; see ``docs/benchmarks.md``).
-        batch_size: Minibatch size.
+        batch_size: Minibatch size; ``None`` (the default) trains on the full batch, one step
+            per epoch.
         lr: Adam learning rate.
         guide: The BNN's guide, ``"meanfield"`` or ``"lowrank"``.
         rank: Rank of the low-rank guide (one block per layer).
@@ -184,8 +185,8 @@ class UCIConfig:
         seed: Split ``k`` is trained with seed ``seed + k``, the same for every method.
     """
 
-    epochs: int = 400
-    batch_size: int = 32
+    epochs: int = 2000
+    batch_size: int | None = None
     lr: float = 1e-2
     guide: Literal["meanfield", "lowrank"] = "meanfield"
     rank: int = 2
@@ -202,6 +203,8 @@ class UCIConfig:
     def __post_init__(self) -> None:
         for name in ("epochs", "batch_size", "num_samples", "rank"):
             value = getattr(self, name)
+            if name == "batch_size" and value is None:
+                continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
         if self.guide not in ("meanfield", "lowrank"):
@@ -310,7 +313,7 @@ def fit_split(
             split.x_train,
             split.y_train,
             epochs=config.epochs,
-            batch_size=min(config.batch_size, len(split.x_train)),
+            batch_size=_batch_size(config.batch_size, len(split.x_train)),
             lr=config.lr,
             beta=beta,
             reparam=reparam,
@@ -331,6 +334,10 @@ def fit_split(
         noise_std=float(pred.aleatoric_std.mean()),
         seconds=time.perf_counter() - start,
     )
+
+
+def _batch_size(batch_size: int | None, num_data: int) -> int | None:
+    return None if batch_size is None or batch_size >= num_data else batch_size
 
 
 # --------------------------------------------------------------------------------------- runs
@@ -463,7 +470,7 @@ class UCIResults:
         c = self.config
         guide = c.guide + (f" (rank {c.rank})" if c.guide == "lowrank" else "")
         lines.append(
-            f"{c.epochs} epochs, batch {c.batch_size}, Adam lr {c.lr:g}; BNN: {guide} guide, "
+            f"{c.epochs} epochs, batch {c.batch_size or 'full'}, Adam lr {c.lr:g}; BNN: {guide} guide, "
             f"reparam {c.reparam}, initial σ {c.init_scale:g}, β linear from 0 to {c.beta:g} "
             f"over the first {c.warmup:.0%} of the epochs; MC dropout p = {c.dropout:g}; "
             f"{c.num_samples} predictive samples. Wall time {self.seconds:.0f} s with "
@@ -506,6 +513,7 @@ def run_uci(
     path: str | os.PathLike[str],
     *,
     num_splits: int | None = None,
+    datasets: Sequence[str] | None = None,
     methods: Sequence[str] = METHODS,
     config: UCIConfig | None = None,
     jobs: int = 1,
@@ -522,6 +530,8 @@ def run_uci(
             :func:`~pyro_bbb.datasets.find_uci_folders`).
         num_splits: Use the first this many splits of each data set (all of a data set with
             fewer); ``None`` for all.
+        datasets: Names of the data set folders to run (``["yacht", "boston"]``); ``None``
+            runs every one found.
         methods: Which of :data:`METHODS` to run, in that order on each split.
         config: Training options; the defaults of :class:`UCIConfig` if omitted.
         jobs: Worker processes; splits run in parallel when above 1 (each worker uses one
@@ -534,7 +544,8 @@ def run_uci(
 
     Raises:
         FileNotFoundError: If ``path`` holds no data set folder.
-        ValueError: On an unknown method, no method, ``num_splits`` or ``jobs`` below 1.
+        ValueError: On an unknown method or data set, no method, ``num_splits`` or ``jobs``
+            below 1.
     """
     methods = tuple(methods)
     unknown = [m for m in methods if m not in METHODS]
@@ -544,6 +555,15 @@ def run_uci(
         raise ValueError(f"jobs must be a positive int, got {jobs!r}")
     config = UCIConfig() if config is None else config
     folders = [str(f) for f in find_uci_folders(path)]
+    if datasets is not None:
+        by_name = {Path(f).name: f for f in folders}
+        missing = [name for name in datasets if name not in by_name]
+        if missing or not datasets:
+            raise ValueError(
+                f"datasets must name folders found under {str(path)!r} ({sorted(by_name)}), "
+                f"got {list(datasets)}"
+            )
+        folders = [by_name[name] for name in datasets]
     if num_splits is not None and (
         isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 1
     ):
