@@ -471,10 +471,10 @@ class UCIResults:
         guide = c.guide + (f" (rank {c.rank})" if c.guide == "lowrank" else "")
         lines.append(
             f"{c.epochs} epochs, batch {c.batch_size or 'full'}, Adam lr {c.lr:g}; "
-            f"BNN: {guide} guide, reparam {c.reparam}, initial σ {c.init_scale:g}, β linear from 0 to {c.beta:g} "
-            f"over the first {c.warmup:.0%} of the epochs; MC dropout p = {c.dropout:g}; "
-            f"{c.num_samples} predictive samples. Wall time {self.seconds:.0f} s with "
-            f"{self.jobs} worker(s)."
+            f"BNN: {guide} guide, reparam {c.reparam}, initial σ {c.init_scale:g}, "
+            f"β linear from 0 to {c.beta:g} over the first {c.warmup:.0%} of the epochs; "
+            f"MC dropout p = {c.dropout:g}; {c.num_samples} predictive samples. "
+            f"Wall time {self.seconds:.0f} s with {self.jobs} worker(s)."
         )
         return "\n".join(lines) + "\n"
 
