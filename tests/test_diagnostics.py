@@ -1,0 +1,161 @@
+"""ArviZ export of VI and NUTS with one schema, PSIS k̂, ESS and R̂."""
+
+from __future__ import annotations
+
+import warnings
+
+import arviz as az
+import matplotlib
+import pytest
+import torch
+
+import pyro_bbb as bbb
+from pyro_bbb.diagnostics import effective_sample_size, psis_khat, r_hat, to_inference_data
+from pyro_bbb.mcmc import run_nuts
+
+from .test_posterior import conjugate_problem, linear_bnn
+
+matplotlib.use("Agg")
+
+GROUPS = {
+    "posterior",
+    "posterior_predictive",
+    "log_likelihood",
+    "observed_data",
+    "constant_data",
+    "sample_stats",
+}
+
+
+@pytest.fixture(scope="module")
+def nuts_result():
+    x, y, *_ = conjugate_problem()
+    result = run_nuts(
+        linear_bnn(x), x, y, num_samples=150, warmup_steps=100, num_chains=2, num_workers=1,
+        seed=0, progress=False, init_steps=50,
+    )  # fmt: skip
+    return result
+
+
+def exact_guide(model, x, y, mean, covariance, shrink=1.0):
+    """A network-block LowRankGuide whose q is N(mean, shrink² · covariance) exactly."""
+    guide = bbb.LowRankGuide(model, rank=len(mean), blocks="network", name=f"exact_{shrink}")
+    guide(x, y)
+    floor = 0.5 * float(torch.linalg.eigvalsh(covariance).min())
+    identity = torch.eye(len(mean), dtype=covariance.dtype)
+    with torch.no_grad():
+        guide.locs.network.copy_(mean)
+        sd = torch.full_like(mean, floor).sqrt() * shrink - guide.min_scale
+        guide.rhos.network.copy_(torch.log(torch.expm1(sd)))
+        guide.factors.network.copy_(torch.linalg.cholesky(covariance - floor * identity) * shrink)
+    assert torch.allclose(guide.covariance("network"), shrink**2 * covariance)
+    return guide
+
+
+def test_inference_data_has_the_same_schema_for_vi_and_nuts(nuts_result):
+    x, y, mean, covariance, _ = conjugate_problem()
+    model = linear_bnn(x)
+    guide = exact_guide(model, x, y, mean, covariance)
+    vi = to_inference_data(model, guide, x, y, num_samples=200, seed=0)
+    nuts = to_inference_data(model, nuts_result, x, y)
+    for data in (vi, nuts):
+        assert GROUPS <= set(data.groups())
+        assert set(data.posterior.data_vars) == {"0.weight", "0.bias"}
+        assert data.posterior["0.weight"].dims[2:] == ("0.out", "0.in")
+        assert data.posterior["0.bias"].dims[2:] == ("0.out",)
+        assert data.log_likelihood["obs"].dims[2:] == ("data",)
+        assert data.posterior_predictive["obs"].shape[2:] == (30,)
+        assert torch.equal(torch.as_tensor(data.observed_data["obs"].values), y)
+        assert torch.equal(torch.as_tensor(data.constant_data["x"].values), x)
+    assert vi.posterior["0.weight"].shape == (1, 200, 1, 3)
+    assert nuts.posterior["0.weight"].shape == (2, 150, 1, 3)
+    assert set(vi.sample_stats.data_vars) == {"lp", "log_q"}
+    assert {"lp", "diverging", "tree_depth", "step_size"} <= set(nuts.sample_stats.data_vars)
+
+
+def test_log_likelihood_is_pointwise_gaussian_density(nuts_result):
+    x, y, *_ = conjugate_problem()
+    data = to_inference_data(linear_bnn(x), nuts_result, x, y)
+    w = nuts_result.samples["0.weight"][..., 0, :]  # (chains, draws, 3)
+    b = nuts_result.samples["0.bias"]  # (chains, draws, 1)
+    loc = torch.einsum("cdk,nk->cdn", w, x) + b
+    expected = torch.distributions.Normal(loc, 0.5).log_prob(y)
+    assert torch.allclose(torch.as_tensor(data.log_likelihood["obs"].values), expected)
+
+
+def test_vi_sample_stats_are_the_log_joint_and_log_q():
+    x, y, mean, covariance, _ = conjugate_problem()
+    model = linear_bnn(x)
+    guide = exact_guide(model, x, y, mean, covariance)
+    data = to_inference_data(model, guide, x, y, num_samples=50, seed=1)
+    w = torch.cat(
+        [
+            torch.as_tensor(data.posterior["0.weight"].values).reshape(50, 3),
+            torch.as_tensor(data.posterior["0.bias"].values).reshape(50, 1),
+        ],
+        dim=1,
+    )
+    q = torch.distributions.MultivariateNormal(mean, covariance)
+    assert torch.allclose(torch.as_tensor(data.sample_stats["log_q"].values)[0], q.log_prob(w))
+    prior = torch.distributions.Normal(0.0, 1.0).log_prob(w).sum(-1)
+    lik = torch.distributions.Normal(w[:, :3] @ x.T + w[:, 3:], 0.5).log_prob(y).sum(-1)
+    assert torch.allclose(torch.as_tensor(data.sample_stats["lp"].values)[0], prior + lik)
+
+
+def test_arviz_functions_run_on_vi_and_nuts(nuts_result):
+    x, y, mean, covariance, _ = conjugate_problem()
+    model = linear_bnn(x)
+    guide = exact_guide(model, x, y, mean, covariance)
+    vi = to_inference_data(model, guide, x, y, num_samples=300, seed=0)
+    nuts = to_inference_data(model, nuts_result, x, y)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # a high Pareto k on 30 points is data
+        loo = {name: az.loo(data) for name, data in (("vi", vi), ("nuts", nuts))}
+        for data in (vi, nuts):
+            assert len(az.summary(data)) == 4
+            assert az.waic(data).elpd_waic < 0
+            az.plot_posterior(data)
+        table = az.compare({"vi": vi, "nuts": nuts})
+    # both sample the same posterior: their elpd agree within the standard error
+    assert abs(loo["vi"].elpd_loo - loo["nuts"].elpd_loo) < loo["vi"].se
+    assert set(table.index) == {"vi", "nuts"}
+
+
+def test_psis_khat_is_small_for_the_exact_posterior_and_large_for_a_narrow_guide():
+    x, y, mean, covariance, _ = conjugate_problem()
+    model = linear_bnn(x)
+    exact = exact_guide(model, x, y, mean, covariance)
+    assert psis_khat(model, exact, x, y, num_samples=1000, seed=0) < 0.5
+    narrow = exact_guide(model, x, y, mean, covariance, shrink=0.1)
+    assert psis_khat(model, narrow, x, y, num_samples=1000, seed=0) > 0.7
+
+
+def test_psis_khat_needs_the_whole_training_set():
+    x, y, mean, covariance, _ = conjugate_problem()
+    model = linear_bnn(x)
+    guide = exact_guide(model, x, y, mean, covariance)
+    with pytest.raises(ValueError, match="x has 20 rows but model.num_data=30"):
+        psis_khat(model, guide, x[:20], y[:20])
+
+
+def test_ess_and_rhat_by_site(nuts_result):
+    ess = effective_sample_size(nuts_result)
+    rhat = r_hat(nuts_result)
+    assert ess["0.weight"].shape == (1, 3) and rhat["0.bias"].shape == (1,)
+    draws = nuts_result.num_chains * nuts_result.num_samples
+    # a well-mixed Gaussian posterior: ESS a good fraction of the draws, R-hat near 1
+    assert all(bool((v > 0.2 * draws).all()) for v in ess.values())
+    assert all(bool((v < 1.05).all()) for v in rhat.values())
+
+
+def test_classification_inference_data_and_labels():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(40, 2, generator=g)
+    y = (x[:, 0] > 0).long()
+    model = bbb.BNN(bbb.mlp([2, 3, 3], activation="tanh"), bbb.likelihoods.Categorical(), 40)
+    guide = bbb.MeanFieldGuide(model)
+    data = to_inference_data(model, guide, x, y, num_samples=20, seed=0)
+    predictive = torch.as_tensor(data.posterior_predictive["obs"].values)
+    assert predictive.shape == (1, 20, 40) and predictive.max() <= 2
+    assert data.log_likelihood["obs"].shape == (1, 20, 40)
+    assert bool((torch.as_tensor(data.log_likelihood["obs"].values) <= 0).all())
