@@ -84,16 +84,23 @@ class _Replay:
             pyro.sample(name, dist.Delta(value.unsqueeze(1), event_dim=len(shape)))
 
 
-def _noise_model(model, result: NUTSResult, num: int):
-    """The model with a sampled noise scale substituted per draw.
+def replay_nuts(model, result: NUTSResult):
+    """``(model, guide)`` that replay a NUTS result's pooled draws under a draws plate.
 
-    The scale is shaped ``(S, 1, 1, 1)`` so that it broadcasts against the likelihood's
-    ``(S, 1, batch[, dim])`` (a width-1 Gaussian squeezes its last dim).
+    The guide hands each weight site its draws; the model has the noise scale substituted:
+    a sampled one per draw, shaped ``(S, 1, 1, 1)`` so that it broadcasts against the
+    likelihood's ``(S, 1, batch[, dim])`` (a width-1 Gaussian squeezes its last dim), or the
+    value NUTS held fixed.
     """
-    if result.noise != "prior":
-        return model
-    scale = result.flat_samples()[result.noise_site].reshape(num, 1, 1, 1)
-    return poutine.substitute(model, {result.noise_site: scale})
+    flat = result.flat_samples()
+    guide = _Replay({k: flat[k] for k in result.weight_sites})
+    if result.noise == "prior":
+        scale = flat[result.noise_site].reshape(-1, 1, 1, 1)
+    elif result.noise == "fixed":
+        scale = torch.tensor(result.noise_value, dtype=flat[result.weight_sites[0]].dtype)
+    else:
+        return model, guide
+    return poutine.substitute(model, {result.noise_site: scale}), guide
 
 
 @torch.no_grad()
@@ -118,13 +125,8 @@ def posterior_draws(
     observed = getattr(model, "observation_site", "obs")
     if isinstance(posterior, NUTSResult):
         chains, draws = posterior.num_chains, posterior.num_samples
-        flat = posterior.flat_samples()
-        values = {k: flat[k] for k in posterior.weight_sites}
-        guide, log_q, replayed_model = (
-            _Replay(values),
-            None,
-            _noise_model(model, posterior, chains * draws),
-        )
+        replayed_model, guide = replay_nuts(model, posterior)
+        log_q = None
     else:
         chains, draws = 1, _num_draws_arg(num_samples)
         guide, replayed_model = posterior, model

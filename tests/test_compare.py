@@ -1,0 +1,143 @@
+"""compare(): the VI-versus-NUTS table, and the distances between predictives."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import pyro_bbb as bbb
+from pyro_bbb.compare import (
+    Comparison,
+    compare,
+    label_set_coverage,
+    top1_agreement,
+    total_variation,
+    wasserstein2,
+)
+from pyro_bbb.mcmc import run_nuts
+
+from .test_diagnostics import exact_guide
+from .test_posterior import conjugate_problem, linear_bnn
+
+
+@pytest.fixture(scope="module")
+def nuts_result():
+    x, y, *_ = conjugate_problem()
+    return run_nuts(
+        linear_bnn(x), x, y, num_samples=200, warmup_steps=100, seed=0, progress=False,
+        init_steps=50,
+    )  # fmt: skip
+
+
+def test_wasserstein2_of_gaussian_samples_matches_the_closed_form():
+    # W2(N(m1, s1²), N(m2, s2²))² = (m1 - m2)² + (s1 - s2)²
+    g = torch.Generator().manual_seed(0)
+    a = 1.0 + 2.0 * torch.randn(20000, 3, generator=g)
+    b = -0.5 + 0.5 * torch.randn(30000, 3, generator=g)
+    expected = math.sqrt(1.5**2 + 1.5**2)
+    assert torch.allclose(
+        wasserstein2(a, b), torch.full((3,), expected, dtype=torch.float64), rtol=0.02
+    )
+
+
+def test_wasserstein2_is_exact_on_small_sets():
+    # {0, 1} against {0, 1, 2}: quantile steps on [0,1/3), [1/3,1/2), [1/2,2/3), [2/3,1)
+    a = torch.tensor([[0.0], [1.0]])
+    b = torch.tensor([[2.0], [0.0], [1.0]])
+    # differences 0, 1, 0, 1 on widths 1/3, 1/6, 1/6, 1/3
+    assert wasserstein2(a, b).item() == pytest.approx(math.sqrt(1 / 6 + 1 / 3))
+    assert wasserstein2(a, a).item() == 0.0
+    shifted = wasserstein2(a + 0.3, a)
+    assert shifted.item() == pytest.approx(0.3)
+
+
+def test_total_variation_and_agreement_of_known_probabilities():
+    p = torch.tensor([[0.7, 0.2, 0.1], [0.2, 0.5, 0.3]])
+    q = torch.tensor([[0.6, 0.3, 0.1], [0.5, 0.2, 0.3]])
+    assert torch.allclose(total_variation(p, q), torch.tensor([0.1, 0.3]))
+    assert torch.equal(top1_agreement(p, q), torch.tensor([1.0, 0.0], dtype=torch.float64))
+    binary = total_variation(torch.tensor([0.9, 0.4]), torch.tensor([0.6, 0.6]), binary=True)
+    assert torch.allclose(binary, torch.tensor([0.3, 0.2]))
+
+
+def test_label_set_coverage():
+    probs = torch.tensor([[0.96, 0.03, 0.01], [0.5, 0.4, 0.1], [0.5, 0.4, 0.1]])
+    # point 0: set {0}; points 1, 2: set {0, 1, 2} (0.5 + 0.4 < 0.95)
+    y = torch.tensor([1, 2, 0])
+    assert label_set_coverage(probs, y) == pytest.approx(2 / 3)
+    assert label_set_coverage(probs, torch.tensor([0, 2, 0]), level=0.5) == pytest.approx(2 / 3)
+
+
+def test_a_result_compared_with_itself_has_distance_zero_and_agreement_one(nuts_result):
+    x, y, mean, covariance, _ = conjugate_problem()
+    model = linear_bnn(x)
+    guide = exact_guide(model, x, y, mean, covariance)
+    for posterior in (nuts_result, guide):
+        report = compare(model, posterior, posterior, x, y, num_samples=300)
+        assert report.columns["w2_mean"] == [0.0, 0.0]
+        assert torch.equal(report.pointwise["w2"], torch.zeros(30, dtype=torch.float64))
+
+
+def test_classification_result_compared_with_itself_agrees():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(40, 2, generator=g)
+    y = (x[:, 0] > 0).long()
+    model = bbb.BNN(bbb.mlp([2, 3, 3], activation="tanh"), bbb.likelihoods.Categorical(), 40)
+    guide = bbb.MeanFieldGuide(model)
+    report = compare(model, guide, guide, x, y, num_samples=50)
+    assert report.task == "classification"
+    assert report.columns["tv_mean"] == [0.0, 0.0]
+    assert report.columns["top1_agreement"] == [1.0, 1.0]
+    assert 0 <= report.columns["accuracy"][0] <= 1
+
+
+def test_exact_vi_and_nuts_agree_and_the_table_has_every_column(nuts_result):
+    x, y, mean, covariance, _ = conjugate_problem()
+    x_test, y_test, *_ = conjugate_problem(num_data=200, seed=1)
+    model = linear_bnn(x)
+    guide = exact_guide(model, x, y, mean, covariance)
+    narrow = exact_guide(model, x, y, mean, covariance, shrink=0.1)
+    history = bbb.History(num_data=30, seconds=[1.5, 2.5])
+    report = compare(
+        model, (guide, history), nuts_result, x_test, y_test, x_train=x, y_train=y,
+        num_samples=1000,
+    )  # fmt: skip
+    table = report.to_dict()
+    assert table["method"] == ["exact_1.0", "NUTS"]
+    assert table["kind"] == ["VI", "NUTS"]
+    assert table["wall_time_s"] == [4.0, nuts_result.wall_time]
+    assert table["ess_per_s"][0] is None and table["ess_per_s"][1] > 0
+    assert table["psis_khat"][0] < 0.5 and table["psis_khat"][1] is None
+    # the same posterior: the same log-likelihood and RMSE up to Monte Carlo error (NUTS's
+    # mean function has an error of about 0.15 / sqrt(ESS ≈ 150) ≈ 0.01 per point), and
+    # 95 % intervals that cover about 95 % of 200 test points
+    assert abs(table["test_log_likelihood"][0] - table["test_log_likelihood"][1]) < 0.03
+    assert abs(table["rmse"][0] - table["rmse"][1]) < 0.03
+    assert all(0.9 < c < 0.99 for c in table["coverage_95"])
+    # the predictive std is ≈ 0.5 (noise); the W2 between 1000 and 200 draws of one such
+    # distribution is about 0.07 from sampling alone
+    assert table["w2_mean"][0] < 0.1
+    # far from the data the weights' uncertainty dominates: a 10x too narrow guide is far off
+    x_far = 5 * x_test
+    y_far = x_far @ torch.tensor([1.0, -2.0, 0.5], dtype=x.dtype) + 0.3
+    exact_far = compare(model, guide, nuts_result, x_far, y_far)
+    worse = compare(model, narrow, nuts_result, x_far, y_far, x_train=x, y_train=y)
+    assert worse.columns["psis_khat"][0] > 0.7
+    assert worse.columns["w2_mean"][0] > 2 * exact_far.columns["w2_mean"][0]
+    assert worse.columns["coverage_95"][0] < exact_far.columns["coverage_95"][0]
+    text = str(report)
+    for label in ("test log-likelihood", "RMSE", "95% interval coverage", "PSIS k-hat", "W2"):
+        assert label in text
+    assert report._repr_markdown_().startswith("| | exact_1.0 | NUTS |")
+
+
+def test_bad_arguments_are_refused(nuts_result):
+    x, y, *_ = conjugate_problem()
+    model = linear_bnn(x)
+    with pytest.raises(TypeError, match="a must be a guide, a NUTSResult"):
+        compare(model, 3, nuts_result, x, y)
+    with pytest.raises(ValueError, match="both x_train and y_train"):
+        compare(model, nuts_result, nuts_result, x, y, x_train=x)
+    assert isinstance(compare(model, nuts_result, nuts_result, x, y), Comparison)
