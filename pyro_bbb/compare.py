@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import torch
 
 from . import metrics
-from .diagnostics import effective_sample_size, psis_khat, replay_nuts
+from .diagnostics import effective_sample_size, psis_khat
 from .mcmc import NUTSResult
 from .predict import ClassificationPrediction, RegressionPrediction, predict
 
@@ -226,9 +226,7 @@ def _predictive(model, posterior, x, num_samples: int, seed: int):
     """The predictive at ``x`` of a guide or NUTS result, through :func:`~pyro_bbb.predict`."""
     if not isinstance(posterior, NUTSResult):
         return predict(model, posterior, x, num_samples=num_samples, seed=seed)
-    replayed, guide = replay_nuts(model, posterior)
-    num = posterior.num_chains * posterior.num_samples
-    return predict(replayed, guide, x, num_samples=num, seed=seed)
+    return posterior.predict(model, x, seed=seed)
 
 
 def _unpack(item, position: str):

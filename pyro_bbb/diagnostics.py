@@ -9,14 +9,15 @@ posterior (Yao, Vehtari, Simpson & Gelman 2018, https://arxiv.org/abs/1802.02538
 shape :math:`\hat k` of a generalised Pareto fit to the largest importance ratios
 :math:`p(y, w_s) / q(w_s)`. :func:`effective_sample_size` and :func:`r_hat` are ArviZ's
 rank-normalised bulk ESS and split R̂ (Vehtari et al. 2021) of a NUTS result, by site.
-This module draws no figures.
+This module draws no figures; ArviZ (which imports matplotlib) is imported on first use,
+so ``import pyro_bbb`` stays light.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import arviz as az
 import numpy as np
 import pyro
 import pyro.distributions as dist
@@ -24,7 +25,10 @@ import pyro.poutine as poutine
 import torch
 from pyro.poutine.util import site_is_subsample
 
-from .mcmc import NUTSResult
+from .mcmc import NUTSResult, replay_nuts
+
+if TYPE_CHECKING:
+    import arviz as az
 
 __all__ = ["effective_sample_size", "psis_khat", "r_hat", "to_inference_data"]
 
@@ -67,40 +71,6 @@ def _num_draws_arg(num_samples: object) -> int:
     if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
         raise ValueError(f"num_samples must be a positive int, got {num_samples!r}")
     return num_samples
-
-
-class _Replay:
-    """A guide of fixed draws, ``(S, 1, *shape)`` per site under the draws plate.
-
-    It replays NUTS draws through the model exactly as a guide's draws are replayed.
-    """
-
-    def __init__(self, values: dict[str, torch.Tensor]) -> None:
-        self.values = values
-
-    def __call__(self, *args, **kwargs) -> None:
-        for name, value in self.values.items():
-            shape = value.shape[1:]
-            pyro.sample(name, dist.Delta(value.unsqueeze(1), event_dim=len(shape)))
-
-
-def replay_nuts(model, result: NUTSResult):
-    """``(model, guide)`` that replay a NUTS result's pooled draws under a draws plate.
-
-    The guide hands each weight site its draws; the model has the noise scale substituted:
-    a sampled one per draw, shaped ``(S, 1, 1, 1)`` so that it broadcasts against the
-    likelihood's ``(S, 1, batch[, dim])`` (a width-1 Gaussian squeezes its last dim), or the
-    value NUTS held fixed.
-    """
-    flat = result.flat_samples()
-    guide = _Replay({k: flat[k] for k in result.weight_sites})
-    if result.noise == "prior":
-        scale = flat[result.noise_site].reshape(-1, 1, 1, 1)
-    elif result.noise == "fixed":
-        scale = torch.tensor(result.noise_value, dtype=flat[result.weight_sites[0]].dtype)
-    else:
-        return model, guide
-    return poutine.substitute(model, {result.noise_site: scale}), guide
 
 
 @torch.no_grad()
@@ -234,6 +204,8 @@ def to_inference_data(
     else:
         lp = draws.log_prior + draws.pointwise_log_likelihood(y).sum(-1)
         stats = {"lp": _numpy(lp), "log_q": _numpy(draws.log_q)}
+    import arviz as az
+
     return az.from_dict(
         posterior={k: _numpy(v) for k, v in draws.values.items()},
         posterior_predictive={observed: _numpy(predictive)},
@@ -297,11 +269,15 @@ def psis_khat(
     log_ratio = (log_joint - draws.log_q).reshape(-1).double()
     if not torch.isfinite(log_ratio).all():
         raise ValueError("log p(y, w) - log q(w) is not finite for some draws")
+    import arviz as az
+
     _, khat = az.psislw(_numpy(log_ratio))
     return float(khat)
 
 
 def _posterior_dataset(result: NUTSResult):
+    import arviz as az
+
     return az.from_dict(
         posterior={k: _numpy(v) for k, v in result.samples.items()},
         dims={k: _site_dims(k, v.shape[2:]) for k, v in result.samples.items()},
@@ -317,6 +293,8 @@ def effective_sample_size(result: NUTSResult) -> dict[str, torch.Tensor]:
     Returns:
         ``{site: ESS of the site's shape}`` (draws, summed over chains).
     """
+    import arviz as az
+
     ess = az.ess(_posterior_dataset(result), method="bulk")
     return {k: torch.as_tensor(ess[k].values) for k in result.samples}
 
@@ -333,5 +311,7 @@ def r_hat(result: NUTSResult) -> dict[str, torch.Tensor]:
     Returns:
         ``{site: R̂ of the site's shape}``.
     """
+    import arviz as az
+
     rhat = az.rhat(_posterior_dataset(result))
     return {k: torch.as_tensor(rhat[k].values) for k in result.samples}

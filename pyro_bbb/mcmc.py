@@ -39,8 +39,9 @@ from pyro.poutine.util import site_is_subsample
 from tqdm.auto import tqdm
 
 from .likelihoods import Gaussian
+from .predict import ClassificationPrediction, RegressionPrediction, predict
 
-__all__ = ["NUTSResult", "run_nuts"]
+__all__ = ["NUTSResult", "replay_nuts", "run_nuts"]
 
 #: The single key of the flat parameter vector in Pyro's MCMC.
 _THETA = "theta"
@@ -122,12 +123,64 @@ class NUTSResult:
         """Divergent transitions after warm-up, over all chains."""
         return int(self.sample_stats["diverging"].sum())
 
+    def predict(
+        self, model, x: torch.Tensor, *, batch_size: int | None = None, seed: int | None = None
+    ) -> RegressionPrediction | ClassificationPrediction:
+        """The posterior predictive at ``x`` from every draw, as :func:`~pyro_bbb.predict` gives.
+
+        Args:
+            model: The model NUTS sampled.
+            x: Inputs ``(batch, *features)``.
+            batch_size: Evaluate ``x`` in chunks of this many rows.
+            seed: Seed for the draws of ``y``.
+
+        Returns:
+            A prediction over ``num_chains * num_samples`` weight draws.
+        """
+        replayed, guide = replay_nuts(model, self)
+        num = self.num_chains * self.num_samples
+        return predict(replayed, guide, x, num_samples=num, batch_size=batch_size, seed=seed)
+
     def __repr__(self) -> str:
         return (
             f"NUTSResult(num_chains={self.num_chains}, num_samples={self.num_samples}, "
             f"warmup_steps={self.warmup_steps}, sites={list(self.samples)}, "
             f"divergences={self.num_divergences}, wall_time={self.wall_time:.1f}s)"
         )
+
+
+class _Replay:
+    """A guide of fixed draws, ``(S, 1, *shape)`` per site under the draws plate.
+
+    It replays NUTS draws through the model exactly as a guide's draws are replayed.
+    """
+
+    def __init__(self, values: dict[str, torch.Tensor]) -> None:
+        self.values = values
+
+    def __call__(self, *args, **kwargs) -> None:
+        for name, value in self.values.items():
+            shape = value.shape[1:]
+            pyro.sample(name, dist.Delta(value.unsqueeze(1), event_dim=len(shape)))
+
+
+def replay_nuts(model, result: NUTSResult):
+    """``(model, guide)`` that replay a NUTS result's pooled draws under a draws plate.
+
+    The guide hands each weight site its draws; the model has the noise scale substituted:
+    a sampled one per draw, shaped ``(S, 1, 1, 1)`` so that it broadcasts against the
+    likelihood's ``(S, 1, batch[, dim])`` (a width-1 Gaussian squeezes its last dim), or the
+    value NUTS held fixed.
+    """
+    flat = result.flat_samples()
+    guide = _Replay({k: flat[k] for k in result.weight_sites})
+    if result.noise == "prior":
+        scale = flat[result.noise_site].reshape(-1, 1, 1, 1)
+    elif result.noise == "fixed":
+        scale = torch.tensor(result.noise_value, dtype=flat[result.weight_sites[0]].dtype)
+    else:
+        return model, guide
+    return poutine.substitute(model, {result.noise_site: scale}), guide
 
 
 # ---------------------------------------------------------------------------------------------
