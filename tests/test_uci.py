@@ -8,9 +8,12 @@ from pathlib import Path
 import pyro
 import pytest
 import torch
+from pyro.infer.autoguide import AutoDelta, init_to_value
 
+import pyro_bbb as bbb
 from pyro_bbb.cli import main
 from pyro_bbb.datasets import load_uci_folder, write_uci_folder
+from pyro_bbb.nn import initial_values
 from pyro_bbb.uci import (
     METHODS,
     PUBLISHED,
@@ -195,3 +198,20 @@ def test_run_uci_names_a_data_set_it_cannot_find(tmp_path):
         ValueError, match=r"datasets must name folders found .*\['first'\].*'boston'"
     ):
         run_uci(root, datasets=["boston"])
+
+
+def test_mlp_dropout_gives_mc_dropout_samples_in_train_mode_and_none_in_eval_mode():
+    net = bbb.mlp([3, 20, 1], dropout=0.5)
+    assert sorted(initial_values(net)) == ["0.bias", "0.weight", "3.bias", "3.weight"]
+    model = bbb.BNN(net, bbb.likelihoods.Gaussian(), num_data=8)
+    guide = AutoDelta(model, init_loc_fn=init_to_value(values=initial_values(model)))
+    x = torch.randn(8, 3)
+    guide(x)
+    masks = bbb.predict(model, guide, x, num_samples=50, seed=0).loc_samples  # (50, 8)
+    assert (masks.std(0) > 1e-3).all()  # fixed weights, yet every point varies by its masks
+    net.eval()
+    fixed = bbb.predict(model, guide, x, num_samples=50, seed=0).loc_samples
+    assert torch.equal(fixed, fixed[:1].expand_as(fixed))
+    torch.testing.assert_close(fixed[0], masks.mean(0), atol=0.5, rtol=0)  # E[mask] = 1
+    with pytest.raises(ValueError, match=r"dropout must be a probability in \[0, 1\), got 1"):
+        bbb.mlp([3, 20, 1], dropout=1)
