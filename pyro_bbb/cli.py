@@ -264,6 +264,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     uci.add_argument("--jobs", type=_positive_int, default=1, help="worker processes")
     uci.add_argument("--seed", type=int, default=0)
     uci.add_argument("--out", default="uci_results", help="folder for uci.md and uci.json")
+    uci.add_argument(
+        "--progress",
+        action="store_true",
+        help="show the progress bar even when stderr is not a terminal (e.g. a log file)",
+    )
     args = parser.parse_args(argv)
     if args.command == "demo":
         demo(out=args.out, epochs=args.epochs, seed=args.seed, reparam=args.reparam)
@@ -284,6 +289,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             datasets=args.datasets,
             methods=args.methods,
             jobs=args.jobs,
+            progress=True if args.progress else None,
             **options,
         )
     return 0
