@@ -32,6 +32,8 @@ from pyro.distributions.util import scale_and_mask
 from pyro.infer import ELBO
 from pyro.poutine.util import site_is_subsample
 
+from ._kl import diagonal_normal_kl
+
 __all__ = [
     "JOINT_KEY",
     "AnnealedELBO",
@@ -215,6 +217,15 @@ class ELBOTerms(NamedTuple):
     sites: dict[str, torch.Tensor]
 
 
+def _total(terms: list[torch.Tensor]) -> torch.Tensor:
+    """The sum of scalar terms, in one op for many."""
+    if not terms:
+        return torch.zeros(())
+    if len(terms) == 1:
+        return terms[0]
+    return torch.stack(terms).sum()
+
+
 def _signature(fn: object) -> tuple:
     base = getattr(fn, "base_dist", None)
     if base is None:
@@ -299,6 +310,9 @@ class AnnealedELBO(ELBO):
     def _closed_form_kl(self, q, p) -> torch.Tensor | None:
         if not self.analytic_kl:
             return None
+        fast = diagonal_normal_kl(q, p)
+        if fast is not None:
+            return fast
         key = (_signature(q), _signature(p))
         if self._has_closed_form.get(key) is False:
             return None
@@ -327,23 +341,24 @@ class AnnealedELBO(ELBO):
             ValueError: For a model latent site the guide does not sample.
         """
         model_trace, guide_trace = self._traces(model, guide, args, kwargs)
-        log_lik = torch.zeros(())
-        kl = torch.zeros(())
+        log_liks: list[torch.Tensor] = []
+        kls: list[torch.Tensor] = []
         sites: dict[str, torch.Tensor] = {}
+        guide_nodes = guide_trace.nodes
         for name, site in model_trace.nodes.items():
             if site["type"] != "sample" or site_is_subsample(site):
                 continue
             if site["is_observed"]:
                 term = self._log_prob(site)
-                log_lik = log_lik + term
+                log_liks.append(term)
                 sites[name] = term
-            elif name not in guide_trace.nodes:
+            elif name not in guide_nodes:
                 raise ValueError(
                     f"model site {name!r} is latent but the guide does not sample it; every "
                     "latent site needs a guide site of the same name"
                 )
         covered: set[str] = set()
-        for name, site in guide_trace.nodes.items():
+        for name, site in guide_nodes.items():
             if site["type"] != "sample" or site["is_observed"] or site_is_subsample(site):
                 continue
             if name in covered:
@@ -365,12 +380,14 @@ class AnnealedELBO(ELBO):
                     covered.update(site["infer"][JOINT_KEY])
             else:
                 term = self._kl_term(site, model_site)
-            kl = kl + term
+            kls.append(term)
             sites[name] = term
-        particles = self.num_particles
-        nll = -log_lik / particles
-        kl = kl / particles
-        return ELBOTerms(nll + self.beta * kl, nll, kl, self.beta, sites)
+        nll = -_total(log_liks)
+        kl = _total(kls)
+        if self.num_particles > 1:
+            nll, kl = nll / self.num_particles, kl / self.num_particles
+        loss = nll + self.beta * kl if self.beta != 1.0 else nll + kl
+        return ELBOTerms(loss, nll, kl, self.beta, sites)
 
     def _group_kl(self, aux_site, model_trace) -> torch.Tensor | None:
         """Closed-form KL of a guide block that joins several model sites, if available."""

@@ -49,6 +49,7 @@ from pyro.poutine.messenger import Messenger
 from pyro.poutine.runtime import Message
 from pyro.poutine.util import site_is_subsample
 
+from ._shapes import broadcast_shape, collapse_broadcast
 from .guides.low_rank import BLOCK_KEY
 from .ops import AffineMap, sample_shape
 
@@ -70,16 +71,13 @@ class _Split:
 
     shared: torch.Tensor  # \bar W (its sample dims may be collapsed to 1 where constant)
     variance: torch.Tensor | None  # σ² of the independent part; None for a fixed value
-    deviation: torch.Tensor | None  # the drawn independent part, W - \bar W
+    value: torch.Tensor | None  # the draw W; None for a fixed value
     sample_shape: tuple[int, ...] = ()  # the draw's sample dims, data-plate dim dropped
 
-
-def _collapse_expanded(t: torch.Tensor, event_dims: int) -> torch.Tensor:
-    """Narrow leading dims that are stride-0 expansions to size 1 (same values, no copy)."""
-    for dim in range(t.dim() - event_dims):
-        if t.stride(dim) == 0 and t.shape[dim] > 1:
-            t = t.narrow(dim, 0, 1)
-    return t
+    @property
+    def deviation(self) -> torch.Tensor | None:
+        r"""The drawn independent part, :math:`W - \bar W` (flipout's perturbation)."""
+        return None if self.value is None else self.value - self.shared
 
 
 def _same_draw(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -147,11 +145,9 @@ class _WeightNoiseMessenger(Messenger):
         affine: AffineMap, x: torch.Tensor, weight: _Split, bias: _Split | None, event: int
     ) -> torch.Size:
         """``(*sample, batch, *ones(event))``: one noise draw per weight draw and example."""
-        sample = torch.broadcast_shapes(
-            weight.sample_shape, () if bias is None else bias.sample_shape
-        )
+        sample = broadcast_shape(weight.sample_shape, () if bias is None else bias.sample_shape)
         lead = x.shape[: x.dim() - affine.input_event_dims]  # (*x_sample, batch)
-        return torch.broadcast_shapes((*sample, 1), lead) + (1,) * event
+        return broadcast_shape((*sample, 1), lead) + (1,) * event
 
     def _split(self, site: str | None, value: torch.Tensor, event_dims: int) -> _Split:
         draw = self._draws.get(site) if site is not None else None
@@ -170,9 +166,9 @@ class _WeightNoiseMessenger(Messenger):
             normal = _normal_of(self._source(site, draw).fn)
             if normal is None:
                 raise NotImplementedError(self._unsupported(site, draw))
-            shared = _collapse_expanded(normal.loc, event_dims)
-            variance = _collapse_expanded(normal.scale, event_dims).pow(2)
-        return _Split(shared, variance, value - shared, tuple(sample_shape(value, event_dims)))
+            shared = collapse_broadcast(normal.loc, event_dims)
+            variance = collapse_broadcast(normal.scale, event_dims).pow(2)
+        return _Split(shared, variance, value, tuple(sample_shape(value, event_dims)))
 
     def _source(self, site: str, draw: _Draw) -> _Draw:
         """Follow AutoNormal's ``Delta`` at a real site to its ``<site>_unconstrained`` draw."""
@@ -197,13 +193,13 @@ class _WeightNoiseMessenger(Messenger):
             loc = fn.loc[..., start:stop]
             factor = fn._unbroadcasted_cov_factor[..., start:stop, :]
             shared = loc + (factor @ noise.unsqueeze(-1)).squeeze(-1)
-            variance = _collapse_expanded(fn._unbroadcasted_cov_diag[..., start:stop], 1)
+            variance = collapse_broadcast(fn._unbroadcasted_cov_diag[..., start:stop], 1)
         else:
             normal = _normal_of(fn)
             if normal is None:
                 raise NotImplementedError(self._unsupported(site, draw))
-            shared = _collapse_expanded(normal.loc[..., start:stop], 1)
-            variance = _collapse_expanded(normal.scale[..., start:stop], 1).pow(2)
+            shared = collapse_broadcast(normal.loc[..., start:stop], 1)
+            variance = collapse_broadcast(normal.scale[..., start:stop], 1).pow(2)
         reshape = lambda t: t.reshape(*t.shape[:-1], *shape)  # noqa: E731
         return reshape(shared), reshape(variance)
 
@@ -239,7 +235,7 @@ class LocalReparameterizationMessenger(_WeightNoiseMessenger):
         if variance is None:
             return mean
         noise = self._noise_shape(affine, x, weight, bias, affine.output_event_dims)
-        shape = torch.broadcast_shapes(noise, variance.shape, mean.shape)
+        shape = broadcast_shape(noise, variance.shape, mean.shape)
         return mean + variance.clamp_min(0).sqrt() * torch.randn(
             shape, dtype=mean.dtype, device=mean.device
         )
@@ -252,20 +248,20 @@ class FlipoutMessenger(_WeightNoiseMessenger):
 
     def _apply(self, affine, x, weight, bias):
         mean = affine(x, weight.shared, None if bias is None else bias.shared)
-        if weight.deviation is None and (bias is None or bias.deviation is None):
+        if weight.value is None and (bias is None or bias.value is None):
             return mean
         # signs per weight draw, example and channel, broadcast over the other feature dims
         in_event = affine.input_event_dims
         lead = self._noise_shape(affine, x, weight, bias, 0)
         sign_in = _random_signs((*lead, x.shape[-in_event], *[1] * (in_event - 1)), x)
         perturbation = None
-        if weight.deviation is not None:
+        if weight.value is not None:
             perturbation = affine(x * sign_in, weight.deviation, None)
-        if bias is not None and bias.deviation is not None:
+        if bias is not None and bias.value is not None:
             b_dev = affine.bias_view(bias.deviation)
             perturbation = b_dev if perturbation is None else perturbation + b_dev
         out_event = affine.output_event_dims
-        shape = torch.broadcast_shapes(perturbation.shape, mean.shape)
+        shape = broadcast_shape(perturbation.shape, mean.shape)
         out_shape = (*shape[: len(shape) - out_event], shape[-out_event], *[1] * (out_event - 1))
         return mean + perturbation * _random_signs(out_shape, mean)
 
