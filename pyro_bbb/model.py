@@ -117,10 +117,22 @@ class BNN(PyroModule):
         else:
             self.likelihood.check_target(y, output.shape[-1], values=is_validation_enabled())
             y = self.likelihood.as_observation(y, output)
-            subsample = None if batch == self.num_data else torch.arange(batch, device=x.device)
+            subsample = None if batch == self.num_data else self._subsample(batch, x.device)
             plate = pyro.plate("data", self.num_data, subsample=subsample)
         with plate:
             return pyro.sample(self.observation_site, self.likelihood(output), obs=y)
+
+    def _subsample(self, batch: int, device: torch.device) -> torch.Tensor:
+        """``arange(batch)``, kept between calls.
+
+        Which rows a minibatch holds does not matter to the model, only how many (for the
+        ``N / B`` scale).
+        """
+        cached = self.__dict__.get("_subsample_cache")
+        if cached is None or cached.shape[0] != batch or cached.device != device:
+            cached = torch.arange(batch, device=device)
+            self.__dict__["_subsample_cache"] = cached
+        return cached
 
     def _check_inputs(self, x: torch.Tensor, y: torch.Tensor | None) -> None:
         if not isinstance(x, torch.Tensor):

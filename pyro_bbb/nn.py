@@ -89,11 +89,24 @@ class BayesianAffine(PyroModule):
         return tuple(self.priors)
 
     def prior_distribution(self, param: str) -> dist.TorchDistribution:
-        """The prior of ``param`` on this layer's device; event shape = the parameter's."""
-        init = getattr(self, f"{param}_init")
-        return self.priors[param].site_distribution(
+        """The prior of ``param`` on this layer's device; event shape = the parameter's.
+
+        Built once per prior, device and dtype when the prior is ``cacheable`` (see
+        :mod:`pyro_bbb.priors`), otherwise on every call.
+        """
+        init = self._buffers[f"{param}_init"]
+        prior = self.priors[param]
+        key = (prior, init.device, init.dtype)
+        cache = self.__dict__.setdefault("_prior_cache", {})
+        cached = cache.get(param)
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        distribution = prior.site_distribution(
             init.shape, fan_in=self.fan_in, device=init.device, dtype=init.dtype
         )
+        if getattr(prior, "cacheable", False):
+            cache[param] = (key, distribution)
+        return distribution
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Apply the layer.
@@ -104,28 +117,44 @@ class BayesianAffine(PyroModule):
         Returns:
             Pre-activation ``(*sample, batch, *out_features)``.
         """
-        expected = self._expected_features()
-        got = self.affine.feature_dims(x)
-        mismatch = len(got) != len(expected) or any(
-            e is not None and e != g for e, g in zip(expected, got, strict=True)
-        )
-        if mismatch:
-            raise ValueError(
-                f"{type(self).__name__} {self._pyro_name or '(root)'!r} expects input "
-                f"features {tuple(expected)} in its last dims, got x of shape {tuple(x.shape)}"
-            )
-        sites = {
-            name: self._pyro_get_fullname(name) if name in self.priors else None
-            for name in ("weight", "bias")
-        }
+        self._check_features(x)
+        weight_site, bias_site = self._site_names()
         return bayesian_affine(
             x,
             self.weight,
             self.bias,
             affine=self.affine,
-            weight_site=sites["weight"],
-            bias_site=sites["bias"],
+            weight_site=weight_site,
+            bias_site=bias_site,
         )
+
+    def _check_features(self, x: torch.Tensor) -> None:
+        expected = self._expected_features()
+        got = x.shape[x.dim() - len(expected) :]
+        if len(got) != len(expected) or any(
+            e is not None and e != g for e, g in zip(expected, got, strict=True)
+        ):
+            raise ValueError(
+                f"{type(self).__name__} {self._pyro_name or '(root)'!r} expects input "
+                f"features {tuple(expected)} in its last dims, got x of shape {tuple(x.shape)}"
+            )
+
+    def _site_names(self) -> tuple[str | None, str | None]:
+        """The full site names of weight and bias (``None`` if deterministic), cached.
+
+        A name depends on where the layer sits in its network, so the cache is keyed by
+        the layer's own Pyro name.
+        """
+        prefix = self.__dict__.get("_pyro_name")
+        cached = self.__dict__.get("_site_name_cache")
+        if cached is None or cached[0] != prefix:
+            names = tuple(
+                self._pyro_get_fullname(name) if name in self.priors else None
+                for name in ("weight", "bias")
+            )
+            cached = (prefix, names)
+            self.__dict__["_site_name_cache"] = cached
+        return cached[1]
 
     def _expected_features(self) -> tuple[int | None, ...]:
         shape = self._parameter_shape("weight")

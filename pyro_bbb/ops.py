@@ -99,6 +99,8 @@ class LinearMap(AffineMap):
     def __call__(  # noqa: D102 (documented on AffineMap)
         self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     ) -> torch.Tensor:
+        if weight.dim() == 2 and (bias is None or bias.dim() == 1):
+            return F.linear(x, weight, bias)  # one fused x Wᵀ + b, as nn.Linear
         # (*S, [1,] out, in) -> (*S, out, in); x (*Sx, batch, in) -> (*S ∨ Sx, batch, out)
         weight = _squeeze_sample(weight, 2, sample_shape(weight, 2))
         out = torch.matmul(x, weight.mT)

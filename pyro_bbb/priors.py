@@ -9,7 +9,10 @@ A *prior specification* is a small object with one method,
 distribution of one parameter: batch shape ``()`` and event shape ``shape``. The Bayesian
 layers call it lazily, on every model execution, with the layer's own device, so
 ``model.to("cuda")`` moves the priors with the network and nothing is built on the CPU behind
-the user's back.
+the user's back. A prior that sets ``cacheable = True`` promises that its distribution
+depends on nothing but the arguments (no learnable hyperparameters): the layer then builds
+it once per device and dtype instead of on every pass. The priors here are cacheable and
+immutable; to change a layer's prior, assign a new one to ``layer.priors[name]``.
 """
 
 from __future__ import annotations
@@ -56,11 +59,25 @@ def _check_positive(name: str, value: float) -> float:
     return float(value)
 
 
+class _Immutable:
+    """Refuses attribute assignment after ``__init__``: layers cache the distribution."""
+
+    cacheable = True
+
+    def __setattr__(self, name: str, value: object) -> None:
+        if getattr(self, "_frozen", False):
+            raise AttributeError(
+                f"{type(self).__name__} is immutable; assign a new prior to "
+                "layer.priors[name] instead"
+            )
+        super().__setattr__(name, value)
+
+
 def _independent(base: dist.TorchDistribution, shape: torch.Size) -> dist.TorchDistribution:
     return base.expand(shape).to_event(len(shape))
 
 
-class Gaussian:
+class Gaussian(_Immutable):
     r"""Isotropic Gaussian prior :math:`w \sim \mathcal{N}(0, \sigma^2)` on every weight.
 
     Against a Normal guide its KL divergence is available in closed form, so
@@ -77,6 +94,7 @@ class Gaussian:
     def __init__(self, scale: float = 1.0, loc: float = 0.0) -> None:
         self.scale = _check_positive("scale", scale)
         self.loc = float(loc)
+        self._frozen = True
 
     def site_distribution(
         self, shape: torch.Size, *, fan_in: int, device: torch.device, dtype: torch.dtype
@@ -90,7 +108,7 @@ class Gaussian:
         return f"Gaussian(scale={self.scale:g}, loc={self.loc:g})"
 
 
-class FanInGaussian:
+class FanInGaussian(_Immutable):
     r"""Layer-wise Gaussian prior whose scale follows the layer's fan-in.
 
     :math:`w \sim \mathcal{N}(0, \text{gain}^2 / \text{fan\_in})`, the variance that keeps
@@ -107,6 +125,7 @@ class FanInGaussian:
 
     def __init__(self, gain: float = 1.0) -> None:
         self.gain = _check_positive("gain", gain)
+        self._frozen = True
 
     def site_distribution(
         self, shape: torch.Size, *, fan_in: int, device: torch.device, dtype: torch.dtype
@@ -178,6 +197,11 @@ class ScaleMixture(dist.TorchDistribution):
         super(ScaleMixture, new).__init__(batch_shape, validate_args=False)
         new._validate_args = self._validate_args
         return new
+
+    @property
+    def cacheable(self) -> bool:
+        """Whether layers may build the site distribution once: no parameter is learnable."""
+        return not any(t.requires_grad for t in (self.pi, self.sigma1, self.sigma2))
 
     @property
     def mean(self) -> torch.Tensor:
