@@ -266,11 +266,20 @@ def _unique(tensors: Iterable[torch.Tensor]) -> list[torch.Tensor]:
     return list(seen.values())
 
 
+_FUSED_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
 def _make_optimizer(
     spec: OptimizerSpec | None, params: list[torch.Tensor], lr: float
 ) -> torch.optim.Optimizer:
     if spec is None:
-        return torch.optim.Adam(params, lr=lr)
+        # The fused kernel is the same algorithm in one pass over every tensor: on a small
+        # network Adam's per-tensor loop costs as much as the network itself.
+        fused = (
+            all(p.dtype in _FUSED_DTYPES and p.device.type in ("cpu", "cuda") for p in params)
+            and len({p.device for p in params}) == 1
+        )
+        return torch.optim.Adam(params, lr=lr, fused=fused or None)
     if isinstance(spec, type) and issubclass(spec, torch.optim.Optimizer):
         return spec(params, lr=lr)
     if callable(spec):

@@ -8,8 +8,6 @@ Pyro's autoguides do, so the KL divergence to a Gaussian prior is available in c
 
 from __future__ import annotations
 
-from operator import attrgetter
-
 import pyro
 import pyro.distributions as dist
 import torch
@@ -19,6 +17,7 @@ from pyro.nn import PyroModule, PyroParam
 
 from ._base import GaussianGuide
 from ._init import InitLoc, check_init_scale
+from ._params import ParamRef as _ParamRef
 
 __all__ = ["MeanFieldGuide"]
 
@@ -75,11 +74,13 @@ class MeanFieldGuide(GaussianGuide):
         for name, loc in locs.items():
             deep_setattr(self.locs, name, PyroParam(loc))
             deep_setattr(self.rhos, name, PyroParam(torch.full_like(loc, self.init_rho)))
+        self._params = {
+            name: (_ParamRef(self.locs, name), _ParamRef(self.rhos, name)) for name in locs
+        }
 
     def _loc_scale(self, name: str) -> tuple[torch.Tensor, torch.Tensor]:
-        loc = attrgetter(name)(self.locs)
-        scale = F.softplus(attrgetter(name)(self.rhos)) + self.min_scale
-        return loc, scale
+        loc_ref, rho_ref = self._params[name]
+        return loc_ref(), F.softplus(rho_ref()) + self.min_scale
 
     def site_distribution(self, name: str) -> dist.TorchDistribution:
         r"""The guide's distribution of one site: :math:`\mathcal{N}(\mu, \sigma^2)`, one event."""
