@@ -1,0 +1,475 @@
+"""Time and memory of one training step: pyro_bbb against a hand-written PyTorch loop.
+
+Every row is the median time of one optimiser step (draw, loss, backward, update) as a ratio
+to the reference measured in the same run:
+
+reference
+    Hand-written PyTorch Bayes by Backprop: μ/ρ tensors per layer, σ = softplus(ρ), one
+    weight sample per step, the closed-form Gaussian KL to the N(0, 1) prior, the
+    minibatch log-likelihood scaled by N/B, one ``torch.optim.Adam`` over all tensors with
+    the implementation ``pyro_bbb.fit`` picks by default (fused). Rows for the same loop
+    with local reparameterisation and with Adam's default (per-tensor) implementation.
+pyro_bbb fit
+    ``pyro_bbb.fit`` itself on a ``BNN`` (Gaussian likelihood with a fixed noise scale 0.1,
+    or Categorical) with ``MeanFieldGuide`` (plain, ``reparam="local"``, ``"flipout"``) and
+    ``LowRankGuide(rank=4)``. Each step is timed from inside ``fit`` by a callback (the
+    interval between consecutive backward passes, which spans exactly one step of the loop).
+pyro_bbb under SVI
+    The same model and guide with ``AnnealedELBO`` under ``pyro.infer.SVI`` and
+    ``pyro.optim.Adam``: Pyro semantics are kept, this is what they cost there.
+Pyro AutoNormal
+    ``AutoNormal`` + ``Trace_ELBO`` + ``SVI`` on the same ``BNN``, Pyro's defaults.
+
+Configurations take turns, ``--steps`` steps at a time, so load from elsewhere on a shared
+machine hits them alike. Memory: each configuration runs again in a fresh process, and the
+step's memory is the peak resident set (CUDA: peak allocated) during ``--memory-steps``
+steps above what the process held just before the first step (model, data, parameters).
+
+Nets: ``small`` 1-50-50-1 regression (N=1000, batch 100); ``large`` 784-400-400-10
+classification (N=60000, batch 128); with ``--throughput``: ``wide`` 784-1200-1200-10
+(batch 1024) and ``conv``, a small ConvNet on 28x28 images (batch 256), in examples/s.
+
+    python benchmarks/steptime.py [--nets small,large] [--threads 1] [--device cpu|cuda]
+        [--steps 10] [--rounds 8] [--memory/--no-memory] [--throughput]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import itertools
+import json
+import math
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import pyro
+import pyro.optim
+import torch
+import torch.nn.functional as F
+from _common import machine
+from pyro.infer import SVI, Trace_ELBO
+from pyro.infer.autoguide import AutoNormal
+from torch import nn
+
+import pyro_bbb
+from pyro_bbb.elbo import AnnealedELBO
+
+INIT_SCALE = 0.05
+LR = 1e-3
+
+
+# ----------------------------------------------------------------------------- problems
+@dataclass(frozen=True)
+class Net:
+    """One benchmark problem: an architecture, a task and the data sizes."""
+
+    label: str
+    task: str  # "regression" | "classification"
+    num_data: int
+    batch: int
+    input_shape: tuple[int, ...]
+
+    def module(self) -> nn.Sequential:
+        """A fresh deterministic network; both sides build theirs from it."""
+        if self.label == "conv":
+            return nn.Sequential(
+                nn.Conv2d(1, 16, 3), nn.ReLU(), nn.MaxPool2d(2),
+                nn.Conv2d(16, 32, 3), nn.ReLU(), nn.MaxPool2d(2),
+                nn.Flatten(-3), nn.Linear(32 * 5 * 5, 10),
+            )  # fmt: skip
+        sizes = [int(s) for s in self.label.split("-")]
+        layers: list[nn.Module] = []
+        for i, (n_in, n_out) in enumerate(itertools.pairwise(sizes)):
+            layers.append(nn.Linear(n_in, n_out))
+            if i < len(sizes) - 2:
+                layers.append(nn.ReLU())
+        return nn.Sequential(*layers)
+
+    def data(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """Random inputs and targets of the full data set, on ``device``."""
+        generator = torch.Generator().manual_seed(0)
+        x = torch.rand(self.num_data, *self.input_shape, generator=generator)
+        if self.task == "regression":
+            y = torch.randn(self.num_data, generator=generator)
+        else:
+            y = torch.randint(0, 10, (self.num_data,), generator=generator)
+        return x.to(device), y.to(device)
+
+
+NETS = {
+    "small": Net("1-50-50-1", "regression", 1000, 100, (1,)),
+    "large": Net("784-400-400-10", "classification", 60000, 128, (784,)),
+    "wide": Net("784-1200-1200-10", "classification", 60000, 1024, (784,)),
+    "conv": Net("conv", "classification", 60000, 256, (1, 28, 28)),
+}
+
+
+def default_adam(params: list[torch.Tensor], fused: bool) -> torch.optim.Adam:
+    return torch.optim.Adam(params, lr=LR, fused=True if fused else None)
+
+
+# ----------------------------------------------------------------------------- reference
+class Reference:
+    """Hand-written mean-field Bayes by Backprop in plain PyTorch, for any Linear/Conv net."""
+
+    def __init__(self, net: Net, device: torch.device, *, local: bool, fused: bool) -> None:
+        self.net, self.local = net, local
+        rho = INIT_SCALE + math.log(-math.expm1(-INIT_SCALE))  # softplus(rho) = INIT_SCALE
+        self.layers: list[tuple[nn.Module, list[torch.Tensor]]] = []
+        for module in net.module().to(device):
+            params = []
+            if isinstance(module, (nn.Linear, nn.Conv2d)):
+                for p in (module.weight, module.bias):
+                    params += [
+                        p.detach().clone().requires_grad_(),
+                        torch.full_like(p, rho).requires_grad_(),
+                    ]
+            self.layers.append((module, params))
+        self.params = [p for _, params in self.layers for p in params]
+        self.optim = default_adam(self.params, fused)
+
+    @staticmethod
+    def _apply(module: nn.Module, h: torch.Tensor, w: torch.Tensor, b: torch.Tensor):
+        if isinstance(module, nn.Linear):
+            return F.linear(h, w, b)
+        return F.conv2d(h, w, b, module.stride, module.padding)
+
+    def step(self, x: torch.Tensor, y: torch.Tensor) -> float:
+        h, kl = x, 0.0
+        for module, params in self.layers:
+            if not params:
+                h = module(h)
+                continue
+            w_mu, w_rho, b_mu, b_rho = params
+            w_sigma, b_sigma = F.softplus(w_rho), F.softplus(b_rho)
+            if self.local:
+                mean = self._apply(module, h, w_mu, b_mu)
+                var = self._apply(module, h.square(), w_sigma.square(), b_sigma.square())
+                h = mean + var.sqrt() * torch.randn_like(mean)
+            else:
+                w = w_mu + w_sigma * torch.randn_like(w_mu)
+                b = b_mu + b_sigma * torch.randn_like(b_mu)
+                h = self._apply(module, h, w, b)
+            for mu, sigma in ((w_mu, w_sigma), (b_mu, b_sigma)):
+                kl = kl + 0.5 * (sigma.square() + mu.square() - 1).sum() - sigma.log().sum()
+        if self.net.task == "regression":
+            log_lik = torch.distributions.Normal(h.squeeze(-1), 0.1).log_prob(y).sum()
+        else:
+            log_lik = -F.cross_entropy(h, y, reduction="sum")
+        loss = -log_lik * (self.net.num_data / len(x)) + kl
+        self.optim.zero_grad(set_to_none=True)
+        loss.backward()
+        self.optim.step()
+        return loss.detach()
+
+
+# ----------------------------------------------------------------------------- pyro_bbb
+def bnn(net: Net, device: torch.device) -> pyro_bbb.BNN:
+    likelihood = (
+        pyro_bbb.likelihoods.Gaussian(scale=0.1)
+        if net.task == "regression"
+        else pyro_bbb.likelihoods.Categorical()
+    )
+    model = pyro_bbb.BNN(pyro_bbb.bayesianize(net.module()), likelihood, num_data=net.num_data)
+    return model.to(device)
+
+
+class _EnoughStepsError(Exception):
+    """Raised by the timer to leave ``fit`` after the steps it needs."""
+
+
+class _StepTimer(pyro_bbb.Callback):
+    """Time every step of ``fit`` from the inside; stop it after ``steps`` steps."""
+
+    def __init__(self, steps: int, memory: Callable[[], None] | None = None) -> None:
+        self.steps, self.memory = steps, memory
+        self.stamps: list[float] = []
+
+    def on_fit_start(self, params, history) -> None:
+        if self.memory is not None:
+            self.memory()  # reset the peak just before the first step
+
+    def on_after_backward(self, params, step: int) -> None:
+        sync()
+        self.stamps.append(time.perf_counter())
+        if len(self.stamps) > self.steps + 1:
+            raise _EnoughStepsError
+
+    def times(self) -> list[float]:
+        # The first interval holds the optimiser's first step, which creates its state.
+        return [b - a for a, b in itertools.pairwise(self.stamps)][1:]
+
+
+class FitSteps:
+    """``pyro_bbb.fit`` on one model and guide, ``steps`` steps per call."""
+
+    def __init__(self, net: Net, x, y, device, guide: str, reparam: str | None) -> None:
+        self.net, self.x, self.y, self.reparam = net, x, y, reparam
+        self.model = bnn(net, device)
+        name = f"{guide}-{reparam}-{id(self)}"
+        if guide == "meanfield":
+            self.guide = pyro_bbb.MeanFieldGuide(self.model, init_scale=INIT_SCALE, name=name)
+        else:
+            self.guide = pyro_bbb.LowRankGuide(
+                self.model, rank=4, blocks="layer", init_scale=INIT_SCALE, name=name
+            )
+
+    def __call__(self, steps: int, memory: Callable[[], None] | None = None) -> list[float]:
+        timer = _StepTimer(steps, memory)
+        with contextlib.suppress(_EnoughStepsError):
+            pyro_bbb.fit(
+                self.model,
+                self.guide,
+                self.x,
+                self.y,
+                epochs=1,
+                batch_size=self.net.batch,
+                lr=LR,
+                reparam=self.reparam,
+                progress=False,
+                callbacks=[timer],
+            )
+        return timer.times()
+
+
+class LoopSteps:
+    """A ``step(xb, yb)`` function over shuffled minibatches, timed step by step."""
+
+    def __init__(self, net: Net, x, y, step: Callable) -> None:
+        self.net, self.x, self.y, self.step = net, x, y, step
+
+    def __call__(self, steps: int, memory: Callable[[], None] | None = None) -> list[float]:
+        order = torch.randperm(self.net.num_data, device=self.x.device)
+        if memory is not None:
+            memory()
+        times = []
+        for k in range(steps + 1):
+            idx = order[k * self.net.batch : (k + 1) * self.net.batch]
+            start = time.perf_counter()
+            self.step(self.x[idx], self.y[idx])
+            sync()
+            times.append(time.perf_counter() - start)
+        return times[1:]
+
+
+def svi_steps(net: Net, x, y, device, guide: str) -> LoopSteps:
+    model = bnn(net, device)
+    if guide == "autonormal":
+        svi = SVI(model, AutoNormal(model, init_scale=INIT_SCALE), pyro.optim.Adam({"lr": LR}),
+                  Trace_ELBO())  # fmt: skip
+    else:
+        g = pyro_bbb.MeanFieldGuide(model, init_scale=INIT_SCALE, name=f"svi-{id(model)}")
+        svi = SVI(model, g, pyro.optim.Adam({"lr": LR}), AnnealedELBO(1.0))
+
+    def step(xb, yb):
+        with pyro.validation_enabled(False):
+            svi.step(xb, yb)
+
+    return LoopSteps(net, x, y, step)
+
+
+def configurations(net: Net, device: torch.device, x, y, fused: bool) -> dict[str, Callable]:
+    """Label -> runner; the first is the reference every ratio is taken against."""
+    conv = net.label == "conv"
+    configs: dict[str, Callable] = {}
+    configs["reference (hand-written PyTorch BBB)"] = LoopSteps(
+        net, x, y, Reference(net, device, local=False, fused=fused).step
+    )
+    configs["reference + local reparameterisation"] = LoopSteps(
+        net, x, y, Reference(net, device, local=True, fused=fused).step
+    )
+    if fused:
+        configs["reference, Adam's default implementation"] = LoopSteps(
+            net, x, y, Reference(net, device, local=False, fused=False).step
+        )
+    for reparam in (None, "local", "flipout"):
+        label = f"fit, MeanFieldGuide, reparam={reparam!r}"
+        configs[label] = FitSteps(net, x, y, device, "meanfield", reparam)
+    if not conv:
+        for reparam in (None, "local"):
+            label = f"fit, LowRankGuide(rank=4), reparam={reparam!r}"
+            configs[label] = FitSteps(net, x, y, device, "lowrank", reparam)
+        configs["SVI + AnnealedELBO + MeanFieldGuide"] = svi_steps(net, x, y, device, "mf")
+        configs["SVI + Trace_ELBO + AutoNormal (Pyro)"] = svi_steps(net, x, y, device, "autonormal")
+    return configs
+
+
+# ----------------------------------------------------------------------------- measuring
+DEVICE = torch.device("cpu")
+
+
+def sync() -> None:
+    if DEVICE.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def fused_default(device: torch.device) -> bool:
+    """Whether fit's default Adam is the fused one here (see pyro_bbb.train)."""
+    return device.type in ("cpu", "cuda")
+
+
+def time_steps(configs: dict[str, Callable], steps: int, rounds: int) -> dict[str, float]:
+    """Median seconds per step; configurations take turns, ``steps`` at a time."""
+    samples: dict[str, list[float]] = {label: [] for label in configs}
+    for run in configs.values():
+        run(2)  # warm-up: parameters, optimiser state, allocator
+    for _ in range(rounds):
+        for label, run in configs.items():
+            samples[label] += run(steps)
+    return {label: statistics.median(values) for label, values in samples.items()}
+
+
+class _Memory:
+    """Peak memory above a baseline taken when ``reset`` is called."""
+
+    def __init__(self) -> None:
+        self.baseline = 0
+
+    @staticmethod
+    def _rss_kib(field: str) -> int:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field):
+                    return int(line.split()[1])
+        raise RuntimeError(f"no {field} in /proc/self/status")
+
+    def reset(self) -> None:
+        if DEVICE.type == "cuda":
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            self.baseline = torch.cuda.memory_allocated()
+        else:
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")  # resets the peak resident set (VmHWM) to the current one
+            self.baseline = self._rss_kib("VmRSS:") * 1024
+
+    def peak_above_baseline(self) -> int:
+        if DEVICE.type == "cuda":
+            return torch.cuda.max_memory_allocated() - self.baseline
+        return self._rss_kib("VmHWM:") * 1024 - self.baseline
+
+
+def memory_of(net_name: str, label: str, steps: int) -> float:
+    """MiB of one configuration's steps, in this (fresh) process."""
+    net = NETS[net_name]
+    x, y = net.data(DEVICE)
+    configs = configurations(net, DEVICE, x, y, fused_default(DEVICE))
+    run = configs[label]
+    run(1)  # one-time set-up of the process (autograd engine, allocator pools) is not a step's
+    meter = _Memory()
+    run(steps, meter.reset)
+    return meter.peak_above_baseline() / 2**20
+
+
+def memory_in_subprocess(net_name: str, label: str, args) -> float:
+    command = [sys.executable, __file__, "--memory-of", net_name, label,
+               "--device", str(DEVICE), "--threads", str(args.threads),
+               "--memory-steps", str(args.memory_steps)]  # fmt: skip
+    out = subprocess.run(command, check=True, capture_output=True, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])["mib"]
+
+
+# ----------------------------------------------------------------------------- report
+def step_table(args) -> None:
+    nets = [NETS[name] for name in args.nets.split(",")]
+    fused = fused_default(DEVICE)
+    results: list[tuple[Net, dict[str, float], dict[str, float]]] = []
+    for net in nets:
+        pyro.clear_param_store()
+        pyro.set_rng_seed(args.seed)
+        x, y = net.data(DEVICE)
+        configs = configurations(net, DEVICE, x, y, fused)
+        medians = time_steps(configs, args.steps, args.rounds)
+        memory = {}
+        if args.memory:
+            name = net_name_of(net)
+            memory = {label: memory_in_subprocess(name, label, args) for label in configs}
+        results.append((net, medians, memory))
+        del configs, x, y
+
+    print(
+        f"# Time per training step, ratio to the hand-written reference\n\n"
+        f"median over {args.rounds} rounds of {args.steps} steps, configurations taking turns; "
+        f"torch {torch.__version__}, pyro {pyro.__version__}, device {describe(DEVICE)}, "
+        f"{args.threads} thread(s)\n"
+    )
+    for net, medians, memory in results:
+        labels = list(medians)
+        ref = medians[labels[0]]
+        print(f"## {net.label}, batch {net.batch}, N = {net.num_data}\n")
+        header = "| step | ms | ratio |" + (" step memory (MiB) | memory ratio |" if memory else "")
+        print(header)
+        print("| --- | ---: | ---: |" + (" ---: | ---: |" if memory else ""))
+        for label in labels:
+            row = f"| {label} | {1e3 * medians[label]:.2f} | {medians[label] / ref:.2f}× |"
+            if memory:
+                row += f" {memory[label]:.1f} | {memory[label] / memory[labels[0]]:.2f}× |"
+            print(row)
+        print()
+
+
+def net_name_of(net: Net) -> str:
+    return next(name for name, candidate in NETS.items() if candidate is net)
+
+
+def describe(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"cpu ({machine()})"
+
+
+def throughput_table(args) -> None:
+    print("# Throughput, examples per second (median step)\n")
+    print("| net | batch | configuration | examples/s | ratio to reference |")
+    print("| --- | ---: | --- | ---: | ---: |")
+    for name in ("wide", "conv"):
+        net = NETS[name]
+        pyro.clear_param_store()
+        x, y = net.data(DEVICE)
+        configs = configurations(net, DEVICE, x, y, fused_default(DEVICE))
+        keep = [label for label in configs if "LowRank" not in label and "SVI" not in label]
+        medians = time_steps({k: configs[k] for k in keep}, args.steps, max(2, args.rounds // 2))
+        ref = medians[keep[0]]
+        for label in keep:
+            rate, ratio = net.batch / medians[label], ref / medians[label]
+            print(f"| {net.label} | {net.batch} | {label} | {rate:,.0f} | {ratio:.2f}× |")
+        del configs, x, y
+    print()
+
+
+def main() -> None:
+    global DEVICE
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nets", default="small,large", help="comma-separated: small,large")
+    parser.add_argument("--steps", type=int, default=10, help="steps per turn")
+    parser.add_argument("--rounds", type=int, default=8, help="turns per configuration")
+    parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda")
+    parser.add_argument("--memory", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument("--memory-steps", type=int, default=5)
+    parser.add_argument("--throughput", action="store_true", help="add the wide MLP and ConvNet")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--memory-of", nargs=2, metavar=("NET", "LABEL"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    DEVICE = torch.device(args.device)
+    if DEVICE.type == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: no CUDA device is available")
+    if args.memory_of:
+        pyro.set_rng_seed(args.seed)
+        print(json.dumps({"mib": memory_of(*args.memory_of, args.memory_steps)}))
+        return
+    start = time.perf_counter()
+    step_table(args)
+    if args.throughput:
+        throughput_table(args)
+    print(f"(total {time.perf_counter() - start:.0f} s)")
+
+
+if __name__ == "__main__":
+    main()
