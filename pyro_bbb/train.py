@@ -177,7 +177,10 @@ def fit(
 
     elbo = AnnealedELBO(schedule(0.0), num_particles=num_particles)
     first = next(iter(batches()))
+    # Find the parameters (creating the guide's) without using up random numbers: the first
+    # step then draws what SVI's first step would draw from the same seed.
     with (
+        torch.random.fork_rng(devices=_cuda_devices(model, guide)),
         pyro.validation_enabled(False),
         handler(),
         poutine.trace(param_only=True) as capture,
@@ -257,6 +260,17 @@ def _device_of(model: object) -> torch.device:
         for tensor in (*model.parameters(), *model.buffers()):
             return tensor.device
     return torch.device("cpu")
+
+
+def _cuda_devices(*modules: object) -> list[torch.device]:
+    devices = {
+        t.device
+        for module in modules
+        if isinstance(module, torch.nn.Module)
+        for t in (*module.parameters(), *module.buffers())
+        if t.device.type == "cuda"
+    }
+    return sorted(devices, key=lambda d: d.index or 0)
 
 
 def _unique(tensors: Iterable[torch.Tensor]) -> list[torch.Tensor]:
