@@ -43,7 +43,7 @@ class Draws:
     Attributes:
         values: ``{site: (num_chains, num_draws, *site shape)}`` of the sampled sites.
         obs_fn: The observation site's distribution under every draw, batch shape
-            ``(num_chains * num_draws, 1, batch)``.
+            ``(num_chains * num_draws, batch)``.
         log_prior: :math:`\log p(w)` per draw, ``(num_chains, num_draws)``.
         log_q: :math:`\log q(w)` per draw for a guide, else ``None``.
     """

@@ -168,14 +168,14 @@ def replay_nuts(model, result: NUTSResult):
     """``(model, guide)`` that replay a NUTS result's pooled draws under a draws plate.
 
     The guide hands each weight site its draws; the model has the noise scale substituted:
-    a sampled one per draw, shaped ``(S, 1, 1, 1)`` so that it broadcasts against the
-    likelihood's ``(S, 1, batch[, dim])`` (a width-1 Gaussian squeezes its last dim), or the
+    a sampled one per draw, shaped ``(S, 1, 1)`` so that it broadcasts against the network
+    output ``(S, batch, out)`` (a width-1 Gaussian squeezes the last dim of both), or the
     value NUTS held fixed.
     """
     flat = result.flat_samples()
     guide = _Replay({k: flat[k] for k in result.weight_sites})
     if result.noise == "prior":
-        scale = flat[result.noise_site].reshape(-1, 1, 1, 1)
+        scale = flat[result.noise_site].reshape(-1, 1, 1)
     elif result.noise == "fixed":
         scale = torch.tensor(result.noise_value, dtype=flat[result.weight_sites[0]].dtype)
     else:

@@ -159,3 +159,23 @@ def test_classification_inference_data_and_labels():
     assert predictive.shape == (1, 20, 40) and predictive.max() <= 2
     assert data.log_likelihood["obs"].shape == (1, 20, 40)
     assert bool((torch.as_tensor(data.log_likelihood["obs"].values) <= 0).all())
+
+
+def test_a_sampled_noise_scale_is_a_posterior_variable_and_enters_the_likelihood():
+    x, y, *_ = conjugate_problem()
+    net = bbb.mlp([3, 1]).double()
+    model = bbb.BNN(net, bbb.likelihoods.Gaussian().double(), num_data=len(x))
+    prior = torch.distributions.LogNormal(torch.tensor(0.0, dtype=torch.float64), 1.0)
+    result = run_nuts(
+        model, x, y, num_samples=20, warmup_steps=20, seed=0, progress=False, noise=prior,
+        init_steps=50,
+    )  # fmt: skip
+    data = to_inference_data(model, result, x, y)
+    scale = result.samples["likelihood.scale"]  # (1, 20)
+    assert torch.equal(torch.as_tensor(data.posterior["likelihood.scale"].values), scale)
+    loc = torch.einsum("cdk,nk->cdn", result.samples["0.weight"][..., 0, :], x)
+    loc = loc + result.samples["0.bias"]
+    expected = torch.distributions.Normal(loc, scale.unsqueeze(-1)).log_prob(y)
+    assert torch.allclose(torch.as_tensor(data.log_likelihood["obs"].values), expected)
+    prediction = result.predict(model, x, seed=0)
+    assert torch.allclose(prediction.scale_samples.reshape(20, -1)[:, 0], scale[0])

@@ -54,6 +54,8 @@ def test_result_holds_samples_stats_mcmc_and_time_by_chain():
     # a tree of depth k has at most 2^k - 1 leapfrog steps
     assert torch.all(n_steps <= 2 ** result.sample_stats["tree_depth"] - 1)
     assert torch.all(n_steps >= 1)
+    rate = result.sample_stats["acceptance_rate"]
+    assert torch.all((rate >= 0) & (rate <= 1))
     # chains are seeded apart
     assert not torch.equal(result.samples["0.bias"][0], result.samples["0.bias"][1])
 
