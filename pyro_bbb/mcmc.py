@@ -307,7 +307,9 @@ class _RecordingNUTS(NUTS):
         record["n_steps"].append(n_steps)
         record["tree_depth"].append(math.ceil(math.log2(n_steps + 1)))
         record["step_size"].append(step_size)
-        record["acceptance_rate"].append(old_mean + (self._mean_accept_prob - old_mean) * n)
+        # Pyro keeps only the running mean; invert its update (clamped against round-off)
+        accept_prob = old_mean + (self._mean_accept_prob - old_mean) * n
+        record["acceptance_rate"].append(min(max(accept_prob, 0.0), 1.0))
         return z
 
     def diagnostics(self):
