@@ -62,6 +62,16 @@ def test_fit_split_methods_beat_the_training_mean_and_the_bnn_nears_the_noise_fl
     assert results["bnn"].log_likelihood > best - 1.0
 
 
+@pytest.mark.parametrize("reparam", ["local", "flipout"])
+def test_fit_split_with_the_low_rank_guide_learns_the_signal(tmp_path, reparam):
+    data = load_uci_folder(_synthetic_folder(tmp_path))
+    split = data[1]
+    config = UCIConfig(epochs=300, guide="lowrank", rank=2, reparam=reparam, num_samples=20)
+    result = fit_split("bnn", split, dataset=data.name, n_hidden=20, config=config)
+    baseline = float((split.y_test - split.y_scaler.mean).pow(2).mean().sqrt())
+    assert result.split == 1 and result.rmse < 0.6 * baseline
+
+
 def test_fit_split_leaves_the_callers_param_store_as_it_was(tmp_path):
     data = load_uci_folder(_synthetic_folder(tmp_path))
     pyro.param("mine", torch.tensor(3.0))
