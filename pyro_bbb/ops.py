@@ -28,6 +28,8 @@ import torch
 import torch.nn.functional as F
 from pyro.poutine.runtime import effectful
 
+from ._shapes import broadcast_shape
+
 __all__ = ["AffineMap", "Conv2dMap", "LinearMap", "bayesian_affine", "sample_shape"]
 
 
@@ -99,10 +101,25 @@ class LinearMap(AffineMap):
     def __call__(  # noqa: D102 (documented on AffineMap)
         self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     ) -> torch.Tensor:
-        if weight.dim() == 2 and (bias is None or bias.dim() == 1):
-            return F.linear(x, weight, bias)  # one fused x Wᵀ + b, as nn.Linear
+        w_sample = sample_shape(weight, 2)
+        b_sample = () if bias is None else sample_shape(bias, 1)
+        if math.prod(w_sample) == 1 and math.prod(b_sample) == 1:
+            # One weight for every example (possibly with unit sample dims, as local
+            # reparameterisation's shared mean has): one fused x Wᵀ + b, as nn.Linear.
+            out = F.linear(
+                x, weight.reshape(weight.shape[-2:]), None if bias is None else bias.reshape(-1)
+            )
+            lead = broadcast_shape(x.shape[:-2], w_sample, b_sample)
+            return out if out.shape[:-2] == lead else out.reshape(*lead, *out.shape[-2:])
+        if len(w_sample) == 1 and x.dim() <= 3 and (x.dim() == 2 or x.shape[0] in (1, *w_sample)):
+            # S weight draws: one batched product with the bias fused in.
+            x = x.expand(*w_sample, *x.shape[-2:])
+            weight = weight.reshape(*w_sample, *weight.shape[-2:])
+            if bias is None:
+                return torch.bmm(x, weight.mT)
+            return torch.baddbmm(self.bias_view(bias), x, weight.mT)
         # (*S, [1,] out, in) -> (*S, out, in); x (*Sx, batch, in) -> (*S ∨ Sx, batch, out)
-        weight = _squeeze_sample(weight, 2, sample_shape(weight, 2))
+        weight = _squeeze_sample(weight, 2, w_sample)
         out = torch.matmul(x, weight.mT)
         if bias is not None:
             out = out + self.bias_view(bias)
