@@ -137,7 +137,9 @@ def fit(
         batch_size: Minibatch size ``B``; ``None`` for full batch.
         lr: Learning rate of the default Adam optimiser.
         optimizer: A ``torch.optim.Optimizer`` class (built with ``lr``) or a function from the
-            parameter list to an optimiser. Defaults to ``torch.optim.Adam``.
+            parameter list to an optimiser. Defaults to ``torch.optim.Adam`` with its fused
+            implementation (same algorithm, one kernel over all tensors) where the
+            parameters allow it: floating point, on one CPU or CUDA device.
         beta: KL weight: a number, a :mod:`~pyro_bbb.elbo` schedule (``Linear(20)``,
             ``Sigmoid(...)``, ``Cyclical(...)``) or any callable of the epoch.
         num_particles: Weight samples per step, vectorised.
