@@ -24,7 +24,7 @@ import multiprocessing
 import os
 import time
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from typing import Literal
@@ -228,10 +228,6 @@ class _Potential:
         self.calls = 0
         self._compiled = None
 
-    @property
-    def dim(self) -> int:
-        return self.sites[-1].stop
-
     def __getstate__(self):
         state = dict(self.__dict__)
         state["_compiled"] = None
@@ -287,9 +283,19 @@ class _RecordingNUTS(NUTS):
     to the parent.
     """
 
+    #: A diagonal inverse mass matrix to start adaptation from, ``(dim,)``, or ``None``.
+    initial_inverse_mass: torch.Tensor | None = None
+
     def setup(self, warmup_steps, *args, **kwargs):
         super().setup(warmup_steps, *args, **kwargs)
         self._records = {name: [] for name in (*_STAT_NAMES, "warmup")}
+
+    def _initialize_adapter(self):
+        super()._initialize_adapter()
+        if self.initial_inverse_mass is not None:
+            adapter = self._adapter.mass_matrix_adapter
+            adapter.inverse_mass_matrix = {(_THETA,): self.initial_inverse_mass}
+            self._adapter.reset_step_size_adaptation(self._initial_params)
 
     def sample(self, params):
         calls = self.potential_fn.calls
@@ -432,6 +438,37 @@ def _initial_theta(model, x, y, potential: _Potential, init, init_steps: int) ->
     return theta.detach()
 
 
+@torch.no_grad()
+def _guide_start(model, guide, x, y, sites: list[_Site], num_chains: int, num_draws: int = 500):
+    """Starting points and a diagonal inverse mass matrix from a trained guide.
+
+    Draws ``num_draws`` weight vectors from the guide in one vectorised pass; chain ``c``
+    starts at draw ``c`` and the inverse mass matrix starts at the draws' variances (a
+    sampled noise scale, which the guide does not hold, starts at the model's current value
+    with unit variance in log space).
+    """
+    nesting = getattr(model, "max_plate_nesting", 1)
+    plate = pyro.plate("_init_draws", max(num_draws, num_chains), dim=-(nesting + 1))
+    with pyro.validation_enabled(False):
+        trace = poutine.trace(plate(guide)).get_trace(x, y)
+    parts = []
+    for site in sites:
+        if site.prior is not None:  # a sampled noise scale
+            value = biject_to(site.prior.support).inv(model.likelihood.scale.detach())
+            parts.append(value.reshape(1, 1).expand(plate.size, 1))
+            continue
+        if site.name not in trace.nodes:
+            raise ValueError(f"init guide has no site {site.name!r}; it has {list(trace.nodes)}")
+        value = trace.nodes[site.name]["value"]
+        parts.append(value.reshape(plate.size, -1))
+    draws = torch.cat(parts, dim=1)
+    variance = draws.var(0)
+    noise = [s for s in sites if s.prior is not None]
+    for site in noise:
+        variance[site.start : site.stop] = 1.0
+    return draws[:num_chains], variance
+
+
 # ---------------------------------------------------------------------------------------------
 # Running chains
 # ---------------------------------------------------------------------------------------------
@@ -448,6 +485,8 @@ class _ChainJob:
     nuts_options: dict
     progress: bool
     chain: int
+    theta0: torch.Tensor | None = None
+    inverse_mass: torch.Tensor | None = None
 
 
 def _run_chain(job: _ChainJob) -> tuple[torch.Tensor, dict, MCMC | None]:
@@ -455,8 +494,11 @@ def _run_chain(job: _ChainJob) -> tuple[torch.Tensor, dict, MCMC | None]:
     pyro.set_rng_seed(job.seed)
     potential = job.potential
     model, x, y = potential.model, potential.x, potential.y
-    theta0 = _initial_theta(model, x, y, potential, job.init, job.init_steps)
+    theta0 = job.theta0
+    if theta0 is None:
+        theta0 = _initial_theta(model, x, y, potential, job.init, job.init_steps)
     kernel = _RecordingNUTS(potential_fn=potential, **job.nuts_options)
+    kernel.initial_inverse_mass = job.inverse_mass
     mcmc = MCMC(
         kernel,
         num_samples=job.num_samples,
@@ -487,7 +529,7 @@ def run_nuts(
     seed: int | None = None,
     progress: bool = True,
     noise: Noise = None,
-    init: Literal["map", "prior"] | Mapping[str, torch.Tensor] = "map",
+    init: Literal["map", "prior"] | Mapping[str, torch.Tensor] | Callable = "map",
     init_steps: int = 1000,
     max_tree_depth: int = 10,
     target_accept_prob: float = 0.8,
@@ -527,8 +569,10 @@ def run_nuts(
             its current value, a distribution over :math:`(0, \infty)` samples it with that
             prior (as site ``"likelihood.scale"``). Required for such a model, refused
             otherwise.
-        init: ``"map"`` (a prior draw moved towards a mode), ``"prior"`` (a prior draw), or
-            ``{site: value}`` used for every chain.
+        init: ``"map"`` (a prior draw moved towards a mode), ``"prior"`` (a prior draw),
+            ``{site: value}`` used for every chain, or a trained guide: each chain starts at
+            its own draw from it, and the diagonal inverse mass matrix starts at the variances
+            of 500 guide draws (adaptation then goes on from there).
         init_steps: Adam steps (learning rate 0.01) of ``init="map"``.
         max_tree_depth: NUTS's tree-depth cap.
         target_accept_prob: Step-size adaptation target.
@@ -554,8 +598,10 @@ def run_nuts(
     _check_positive("num_chains", num_chains)
     _check_positive("init_steps", init_steps, minimum=0)
     _check_positive("max_tree_depth", max_tree_depth)
-    if not (isinstance(init, Mapping) or init in ("map", "prior")):
-        raise ValueError(f"init must be 'map', 'prior' or a mapping of sites, got {init!r}")
+    if not (isinstance(init, Mapping) or callable(init) or init in ("map", "prior")):
+        raise ValueError(
+            f"init must be 'map', 'prior', a mapping of sites or a guide, got {init!r}"
+        )
     if num_workers is None:
         num_workers = min(num_chains, os.cpu_count() or 1)
     _check_positive("num_workers", num_workers)
@@ -568,10 +614,15 @@ def run_nuts(
         "target_accept_prob": target_accept_prob,
         "full_mass": full_mass,
     }
+    starts, inverse_mass = [None] * num_chains, None
+    if callable(init):  # a guide: draw the starts here, the guide stays in this process
+        pyro.set_rng_seed(seed)
+        starts, inverse_mass = _guide_start(model, init, x, y, sites, num_chains)
+        init = None
     jobs = [
         _ChainJob(
             potential, init, init_steps, seed + c, num_samples, warmup_steps, options,
-            progress and num_workers == 1, c,
+            progress and num_workers == 1, c, starts[c], inverse_mass,
         )
         for c in range(num_chains)
     ]  # fmt: skip

@@ -141,3 +141,23 @@ def test_classification_net_runs_in_spawned_workers():
     assert result.samples["0.weight"].shape == (2, 10, 3, 2)
     assert result.mcmc == (None, None)  # MCMC objects stay in the workers
     assert torch.all(result.sample_stats["tree_depth"] <= 4)
+
+
+def test_a_guide_gives_the_starts_and_the_initial_inverse_mass_matrix():
+    from pyro_bbb.mcmc import _guide_start, _layout
+
+    from .test_diagnostics import exact_guide
+
+    x, y, mean, covariance, _ = conjugate_problem()
+    model = linear_bnn(x)
+    guide = exact_guide(model, x, y, mean, covariance)
+    sites, *_ = _layout(model, x, y, None)
+    starts, inverse_mass = _guide_start(model, guide, x, y, sites, num_chains=3, num_draws=4000)
+    assert starts.shape == (3, 4) and not torch.equal(starts[0], starts[1])
+    # the variances of 4000 draws: within 4 standard errors sqrt(2 / 4000) (relative)
+    assert torch.allclose(inverse_mass, covariance.diagonal(), rtol=4 * (2 / 4000) ** 0.5)
+    result = run_nuts(
+        model, x, y, num_samples=20, warmup_steps=20, num_chains=2, num_workers=1, seed=0,
+        progress=False, init=guide,
+    )  # fmt: skip
+    assert result.samples["0.weight"].shape == (2, 20, 1, 3)
