@@ -204,7 +204,7 @@ def fit(
     step = 0
     for epoch in range(epochs):
         start = time.perf_counter()
-        sums = torch.zeros(3, dtype=torch.float64)
+        parts: list[torch.Tensor] = []  # (loss, nll, kl) of each step, summed at epoch end
         betas = 0.0
         num_steps = len(batches)
         for i, batch in enumerate(batches()):
@@ -218,17 +218,19 @@ def fit(
             for callback in callbacks:
                 callback.on_after_backward(params, step)
             optim.step()
-            sums += torch.stack((terms.loss.detach(), terms.nll.detach(), terms.kl.detach())).to(
-                sums
-            )
+            parts += (terms.loss.detach(), terms.nll.detach(), terms.kl.detach())
             betas += terms.beta
             step += 1
-        loss, nll, kl = (sums / num_steps).tolist()
+        steps_done = len(parts) // 3
+        if not steps_done:
+            raise ValueError(f"epoch {epoch}: the data yielded no minibatch")
+        means = torch.stack(parts).to(torch.float64).reshape(steps_done, 3).mean(0)
+        loss, nll, kl = means.tolist()
         history.loss.append(loss)
         history.loss_per_datum.append(loss / history.num_data)
         history.nll.append(nll)
         history.kl.append(kl)
-        history.beta.append(betas / num_steps)
+        history.beta.append(betas / steps_done)
         history.seconds.append(time.perf_counter() - start)
         history.steps.append(step)
         if bar is not None:
