@@ -46,8 +46,9 @@ class BayesianAffine(PyroModule):
     Built from an ``nn.Linear`` or ``nn.Conv2d`` by :func:`bayesianize` (or directly), it
     keeps that layer's initial values as the default means of a guide
     (:func:`initial_values`). Each Bayesian parameter is a
-    :class:`~pyro.nn.PyroSample` whose prior is created on every forward pass on the
-    device of the layer, so ``.to(device)`` is all it takes to move it.
+    :class:`~pyro.nn.PyroSample` whose prior is created on the device of the layer (once
+    per device and dtype for a ``cacheable`` prior), so ``.to(device)`` is all it takes to
+    move it.
 
     Weights may carry leading sample dims (``(P, 1, out, in)`` under a particle plate), so
     ``Predictive(parallel=True)`` and vectorised ELBO particles work; see

@@ -7,7 +7,7 @@ name pattern. It knows nothing of guides or inference.
 A *prior specification* is a small object with one method,
 ``site_distribution(shape, fan_in=..., device=..., dtype=...)``, that returns the
 distribution of one parameter: batch shape ``()`` and event shape ``shape``. The Bayesian
-layers call it lazily, on every model execution, with the layer's own device, so
+layers call it lazily, when the model runs, with the layer's own device, so
 ``model.to("cuda")`` moves the priors with the network and nothing is built on the CPU behind
 the user's back. A prior that sets ``cacheable = True`` promises that its distribution
 depends on nothing but the arguments (no learnable hyperparameters): the layer then builds
