@@ -101,11 +101,15 @@ def posterior_draws(
         chains, draws = 1, _num_draws_arg(num_samples)
         guide, replayed_model = posterior, model
     plate = pyro.plate(_DRAWS_PLATE, chains * draws, dim=-(nesting + 1))
+    # The model checks y against its likelihood, but refuses more rows than num_data (a
+    # minibatch of the training set); a larger test set is run without y and checked here.
+    num_data = getattr(model, "num_data", None)
+    y_model = None if num_data is not None and x.shape[0] > num_data else y
     with pyro.validation_enabled(False):
-        guide_trace = poutine.trace(plate(guide)).get_trace(x, y)
+        guide_trace = poutine.trace(plate(guide)).get_trace(x, y_model)
         model_trace = poutine.trace(
             poutine.replay(plate(replayed_model), trace=guide_trace)
-        ).get_trace(x, y)
+        ).get_trace(x, y_model)
     if not isinstance(posterior, NUTSResult):
         log_q = torch.zeros(chains * draws, dtype=x.dtype, device=x.device)
         for site in guide_trace.nodes.values():
@@ -123,6 +127,9 @@ def posterior_draws(
     if isinstance(posterior, NUTSResult) and posterior.noise == "prior":
         values[posterior.noise_site] = posterior.samples[posterior.noise_site]
     obs_fn = model_trace.nodes[observed]["fn"]
+    expected = obs_fn.batch_shape[-1:] + obs_fn.event_shape
+    if y is not None and y.shape != expected:
+        raise ValueError(f"y must have shape {tuple(expected)} for x, got {tuple(y.shape)}")
     return Draws(values, obs_fn, torch.as_tensor(log_prior).reshape(chains, draws), log_q)
 
 
@@ -179,7 +186,7 @@ def to_inference_data(
     Args:
         model: The model, e.g. a :class:`~pyro_bbb.BNN`.
         posterior: A trained guide or a :class:`~pyro_bbb.mcmc.NUTSResult`.
-        x: Inputs ``(batch, *features)``; ``batch <= model.num_data``.
+        x: Inputs ``(batch, *features)``: the training set or any other, e.g. a test set.
         y: Targets ``(batch[, dim])``.
         num_samples: Draws from a guide (ignored for NUTS, which uses all its draws).
         seed: Seed for the guide draws and predictive draws.

@@ -179,3 +179,13 @@ def test_a_sampled_noise_scale_is_a_posterior_variable_and_enters_the_likelihood
     assert torch.allclose(torch.as_tensor(data.log_likelihood["obs"].values), expected)
     prediction = result.predict(model, x, seed=0)
     assert torch.allclose(prediction.scale_samples.reshape(20, -1)[:, 0], scale[0])
+
+
+def test_inference_data_on_a_test_set_larger_than_the_training_set(nuts_result):
+    x, *_ = conjugate_problem()
+    x_test, y_test, *_ = conjugate_problem(num_data=100, seed=1)
+    model = linear_bnn(x)
+    data = to_inference_data(model, nuts_result, x_test, y_test)
+    assert data.log_likelihood["obs"].shape == (2, 150, 100)
+    with pytest.raises(ValueError, match=r"y must have shape \(100,\) for x, got \(100, 1\)"):
+        to_inference_data(model, nuts_result, x_test, y_test.unsqueeze(-1))
