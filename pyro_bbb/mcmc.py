@@ -14,7 +14,8 @@ time. ArviZ export, ESS and R̂ live in :mod:`pyro_bbb.diagnostics`.
 as a point estimate (a Pyro parameter), not a latent site, so NUTS cannot sample it without
 a choice: ``noise="fixed"`` holds it at its current value (e.g. the one VI learned, so both
 condition on the same likelihood), and ``noise=<distribution>`` makes it a latent with that
-prior, sampled as :math:`\log`-like unconstrained coordinate (with the Jacobian).
+prior, sampled in the unconstrained space of the prior's support (log space for
+:math:`(0, \infty)`), with the Jacobian.
 """
 
 from __future__ import annotations
