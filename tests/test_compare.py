@@ -141,3 +141,21 @@ def test_bad_arguments_are_refused(nuts_result):
     with pytest.raises(ValueError, match="both x_train and y_train"):
         compare(model, nuts_result, nuts_result, x, y, x_train=x)
     assert isinstance(compare(model, nuts_result, nuts_result, x, y), Comparison)
+
+
+def test_the_vi_vs_nuts_example_runs_end_to_end(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).parent.parent / "examples" / "vi_vs_nuts.py"
+    out = tmp_path / "bands.png"
+    args = ["--num-data", "20", "--hidden", "3", "--epochs", "50", "--chains", "1"]
+    args += ["--samples", "10", "--warmup", "10", "--max-tree-depth", "3", "--out", str(out)]
+    run = subprocess.run(
+        [sys.executable, str(script), *args], capture_output=True, text=True, timeout=300
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    for text in ("mean-field against NUTS", "low-rank against NUTS", "W2 to the other"):
+        assert text in run.stdout
+    assert out.stat().st_size > 10_000
