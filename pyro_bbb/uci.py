@@ -456,9 +456,12 @@ class UCIResults:
         summary = self.summary()
         published = list(PUBLISHED_SOURCES)
         lines = []
-        for metric, title in (("rmse", "Test RMSE"), ("log_likelihood", "Test log-likelihood")):
-            better = "lower" if metric == "rmse" else "higher"
-            lines.append(f"{title} per point, original units ({better} is better), mean ± s.e.")
+        titles = (
+            ("rmse", "Test RMSE, original units (lower is better)"),
+            ("log_likelihood", "Test log-likelihood per point, original units (higher is better)"),
+        )
+        for metric, title in titles:
+            lines.append(f"{title}, mean ± s.e. over splits")
             lines.append("")
             ours = [_METHOD_LABELS[m] for m in self.methods]
             header = ["data set", "splits", *ours, *(f"{p} (published)" for p in published)]
