@@ -349,6 +349,7 @@ def _batch_size(batch_size: int | None, num_data: int) -> int | None:
 
 @lru_cache(maxsize=8)
 def _folder(path: str, num_splits: int) -> UCIFolder:
+    """A folder read once per process and run (each split of it is one task)."""
     return load_uci_folder(path, num_splits=num_splits)
 
 
@@ -619,6 +620,7 @@ def run_uci(
                     record(future.result())
     finally:
         bar.close()
+        _folder.cache_clear()  # a later run re-reads the folders, in case they changed
     ordered = [r for key in sorted(collected) for r in collected[key]]
     return UCIResults(
         config=config, results=ordered, seconds=time.perf_counter() - start, jobs=jobs

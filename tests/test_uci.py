@@ -225,3 +225,17 @@ def test_mlp_dropout_gives_mc_dropout_samples_in_train_mode_and_none_in_eval_mod
     torch.testing.assert_close(fixed[0], masks.mean(0), atol=0.5, rtol=0)  # E[mask] = 1
     with pytest.raises(ValueError, match=r"dropout must be a probability in \[0, 1\), got 1"):
         bbb.mlp([3, 20, 1], dropout=1)
+
+
+def test_run_uci_in_worker_processes_gives_the_serial_numbers(tmp_path):
+    root = tmp_path / "uci"
+    _synthetic_folder(root, "first")
+    config = UCIConfig(epochs=20, num_samples=5)
+    kwargs = {"num_splits": 2, "methods": ["bnn", "deterministic"], "config": config}
+    serial = run_uci(root, jobs=1, progress=False, **kwargs)
+    parallel = run_uci(root, jobs=2, progress=False, **kwargs)
+    assert parallel.jobs == 2 and len(parallel.results) == 4
+    for a, b in zip(serial.results, parallel.results, strict=True):
+        assert (a.dataset, a.split, a.method) == (b.dataset, b.split, b.method)
+        assert a.rmse == pytest.approx(b.rmse, rel=1e-6)
+        assert a.log_likelihood == pytest.approx(b.log_likelihood, rel=1e-6)
