@@ -1,4 +1,4 @@
-"""Fast access to a guide's own ``PyroParam`` s, one ``pyro.param`` statement each.
+"""Fast access to the real-valued parameters of a guide, one ``pyro.param`` statement each.
 
 Reading ``guide.locs.fc1.weight`` walks one ``PyroModule.__getattr__`` per name component
 and then issues the ``pyro.param`` statement; on a small network that walk costs more than
