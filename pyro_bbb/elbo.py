@@ -386,8 +386,7 @@ class AnnealedELBO(ELBO):
         kl = _total(kls)
         if self.num_particles > 1:
             nll, kl = nll / self.num_particles, kl / self.num_particles
-        loss = nll + self.beta * kl if self.beta != 1.0 else nll + kl
-        return ELBOTerms(loss, nll, kl, self.beta, sites)
+        return ELBOTerms(nll + self.beta * kl, nll, kl, self.beta, sites)
 
     def _group_kl(self, aux_site, model_trace) -> torch.Tensor | None:
         """Closed-form KL of a guide block that joins several model sites, if available."""
