@@ -33,6 +33,7 @@ from pyro.infer import ELBO
 from pyro.poutine.util import site_is_subsample
 
 from ._kl import diagonal_normal_kl
+from ._shapes import broadcast_shape
 
 __all__ = [
     "JOINT_KEY",
@@ -192,7 +193,7 @@ def _diagonal_normal(fns) -> torch.distributions.Distribution | None:
         flat = (*fn.batch_shape, fn.event_shape.numel())
         locs.append(base.loc.expand(shape).reshape(flat))
         scales.append(base.scale.expand(shape).reshape(flat))
-    batch = torch.broadcast_shapes(*(loc.shape[:-1] for loc in locs))
+    batch = broadcast_shape(*(loc.shape[:-1] for loc in locs))
     locs = [loc.expand(*batch, loc.shape[-1]) for loc in locs]
     scales = [scale.expand(*batch, scale.shape[-1]) for scale in scales]
     return dist.Normal(torch.cat(locs, -1), torch.cat(scales, -1)).to_event(1)

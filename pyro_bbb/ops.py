@@ -167,7 +167,7 @@ class Conv2dMap(AffineMap):
         self, x: torch.Tensor, weight: torch.Tensor, weight_sample: torch.Size
     ) -> torch.Tensor:
         x_sample, (batch, channels, height, width) = x.shape[:-4], x.shape[-4:]
-        sample = torch.broadcast_shapes(x_sample, weight_sample)
+        sample = broadcast_shape(x_sample, weight_sample)
         n, k = math.prod(sample), len(sample)
         out_channels = weight.shape[-4]
         weight = weight.expand(*sample, *weight.shape[-4:]).reshape(-1, *weight.shape[-3:])
