@@ -39,6 +39,7 @@ from pyro.infer import MCMC, NUTS
 from pyro.poutine.util import site_is_subsample
 from tqdm.auto import tqdm
 
+from .guides._init import base_support
 from .likelihoods import Gaussian
 from .predict import ClassificationPrediction, RegressionPrediction, predict
 
@@ -360,9 +361,7 @@ def _layout(model, x, y, noise: Noise) -> tuple[list[_Site], str | None, torch.T
                 f"run_nuts needs an unscaled, full-batch model; site {name!r} has scale "
                 f"{site['scale']}"
             )
-        support = site["fn"].support
-        while hasattr(support, "base_constraint"):
-            support = support.base_constraint
+        support = base_support(site["fn"])
         if support is not torch.distributions.constraints.real or site["cond_indep_stack"]:
             raise NotImplementedError(
                 f"run_nuts samples global real-valued sites; site {name!r} has support "

@@ -17,10 +17,23 @@ from torch import nn
 
 from ..nn import initial_values
 
-__all__ = ["InitLoc", "check_init_scale", "global_latent_sites", "initial_locs"]
+__all__ = ["InitLoc", "base_support", "check_init_scale", "global_latent_sites", "initial_locs"]
 
 InitLoc = nn.Module | Mapping[str, torch.Tensor] | None
 """``None`` (the network's own initialisation), a pretrained module, or a mapping."""
+
+
+def base_support(
+    fn: torch.distributions.Distribution,
+) -> torch.distributions.constraints.Constraint:
+    """A distribution's support without its ``independent`` wrappers.
+
+    ``real`` for a ``Normal(...).to_event(k)``.
+    """
+    support = fn.support
+    while hasattr(support, "base_constraint"):
+        support = support.base_constraint
+    return support
 
 
 def global_latent_sites(trace: Trace, guide_name: str, model: object = None) -> dict[str, dict]:
@@ -51,9 +64,7 @@ def global_latent_sites(trace: Trace, guide_name: str, model: object = None) -> 
                 f"{guide_name} handles global latent sites only; site {name!r} is inside "
                 f"plate(s) {plates}. Use an AutoGuideList with a Pyro autoguide for it."
             )
-        support = site["fn"].support
-        while hasattr(support, "base_constraint"):
-            support = support.base_constraint
+        support = base_support(site["fn"])
         if support is not torch.distributions.constraints.real:
             raise NotImplementedError(
                 f"{guide_name} needs real-valued sites; site {name!r} has support {support}. "
