@@ -44,8 +44,8 @@ from tqdm.auto import tqdm
 
 import pyro_bbb as bbb
 from pyro_bbb import metrics
-from pyro_bbb.datasets import Split, digits
-from pyro_bbb.elbo import Linear
+from pyro_bbb.data import Split, digits
+from pyro_bbb.infer import LinearWarmup
 from pyro_bbb.nn import initial_values
 from pyro_bbb.plots import plot_reliability, plot_weight_sigma
 
@@ -80,7 +80,7 @@ def train(method: str, split: Split, *, epochs: int, seed: int):
             guide = bbb.LowRankGuide(model, rank=4, init_scale=0.01)
         else:
             guide = bbb.MeanFieldGuide(model, init_scale=0.01)
-        beta = Linear(epochs / 5, end=0.1 if method.endswith("tempered") else 1.0)
+        beta = LinearWarmup(epochs / 5, end=0.1 if method.endswith("tempered") else 1.0)
         reparam = "local"
     else:
         guide = AutoDelta(model, init_loc_fn=init_to_value(values=initial_values(model)))

@@ -37,8 +37,8 @@ import torch
 from _common import machine
 
 import pyro_bbb
-from pyro_bbb.elbo import AnnealedELBO
-from pyro_bbb.reparam import estimator
+from pyro_bbb.infer import AnnealedELBO
+from pyro_bbb.infer.reparam import estimator
 
 REFERENCE = (
     "Published reference (BENCHMARKS.md): Kingma, Salimans & Welling 2015 (MNIST): gradient "

@@ -63,7 +63,7 @@ from pyro.infer.autoguide import AutoNormal
 from torch import nn
 
 import pyro_bbb
-from pyro_bbb.elbo import AnnealedELBO
+from pyro_bbb.infer import AnnealedELBO
 
 INIT_SCALE = 0.05
 LR = 1e-3
@@ -393,7 +393,7 @@ def sync() -> None:
 
 
 def fused_default(device: torch.device) -> bool:
-    """Whether fit's default Adam is the fused one here (see pyro_bbb.train)."""
+    """Whether fit's default Adam is the fused one here (see pyro_bbb.infer.training)."""
     return device.type in ("cpu", "cuda")
 
 

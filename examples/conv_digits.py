@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 import pyro_bbb
-from pyro_bbb.datasets import digits
+from pyro_bbb.data import digits
 from pyro_bbb.plots import plot_reliability
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -52,7 +52,7 @@ model = pyro_bbb.BNN(bnn, pyro_bbb.likelihoods.Categorical(), num_data=len(data.
 guide = pyro_bbb.MeanFieldGuide(model, init_scale=0.01)
 history = pyro_bbb.fit(
     model, guide, data.x_train, data.y_train, epochs=args.epochs, batch_size=64, lr=1e-2,
-    beta=pyro_bbb.elbo.Linear(warmup=args.epochs / 3), reparam=reparam, seed=0,
+    beta=pyro_bbb.infer.LinearWarmup(args.epochs / 3), reparam=reparam, seed=0,
 )  # fmt: skip
 print(
     f"fit: reparam={reparam!r}, {len(history)} epochs, {sum(history.seconds):.1f} s; last "

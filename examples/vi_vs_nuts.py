@@ -32,10 +32,10 @@ NOISE = 0.1
 
 def gap_test_set(num: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Test points half in the data's regions, half in the gap (-1, 1), noisy like training."""
-    data = bbb.datasets.gap_regression(num // 2, noise=NOISE, seed=seed)
+    data = bbb.data.gap_regression(num // 2, noise=NOISE, seed=seed)
     g = torch.Generator().manual_seed(seed)
     x_gap = torch.rand(num - num // 2, 1, generator=g) * 2 - 1
-    y_gap = bbb.datasets.gap_function(x_gap).squeeze(-1) + NOISE * torch.randn(
+    y_gap = bbb.data.gap_function(x_gap).squeeze(-1) + NOISE * torch.randn(
         num - num // 2, generator=g
     )
     return torch.cat([data.x, x_gap]), torch.cat([data.y, y_gap])
@@ -46,7 +46,7 @@ def region_std(prediction, x: torch.Tensor) -> dict[str, float]:
     x = x.squeeze(-1)
     std = prediction.epistemic_std
     out = {}
-    for region, intervals in bbb.datasets.gap_regions().items():
+    for region, intervals in bbb.data.gap_regions().items():
         inside = torch.zeros_like(x, dtype=torch.bool)
         for low, high in intervals:
             inside |= (x >= low) & (x <= high)
@@ -68,7 +68,7 @@ def main() -> None:
     torch.set_num_threads(1)  # small nets run fastest on one thread
     pyro.clear_param_store()
 
-    data = bbb.datasets.gap_regression(args.num_data, noise=NOISE, seed=0)
+    data = bbb.data.gap_regression(args.num_data, noise=NOISE, seed=0)
     x, y = data.x, data.y
     x_test, y_test = gap_test_set(200, seed=1)
     net = bbb.mlp([1, args.hidden, 1], activation="tanh", prior=bbb.priors.Gaussian(1.0))
@@ -101,8 +101,8 @@ def main() -> None:
         f"mean leapfrog steps {stats['n_steps'].float().mean():.0f}, "
         f"divergences {nuts.num_divergences}"
     )
-    rhat = torch.cat([v.reshape(-1) for v in bbb.diagnostics.r_hat(nuts).values()])
-    ess = torch.cat([v.reshape(-1) for v in bbb.diagnostics.effective_sample_size(nuts).values()])
+    rhat = torch.cat([v.reshape(-1) for v in bbb.evaluation.r_hat(nuts).values()])
+    ess = torch.cat([v.reshape(-1) for v in bbb.evaluation.effective_sample_size(nuts).values()])
     print(
         f"NUTS: bulk ESS min {ess.min():.0f} median {ess.median():.0f}, R-hat max {rhat.max():.2f}"
     )

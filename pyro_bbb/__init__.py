@@ -1,26 +1,40 @@
 """pyro_bbb: variational Bayesian neural networks (Bayes by Backprop) as Pyro models.
 
 A network becomes a Pyro model whose weights are sample sites (:func:`bayesianize`,
-:func:`mlp`, :class:`BNN`); a guide approximates their posterior (:class:`MeanFieldGuide`
-or any Pyro autoguide); :func:`fit` maximises a β-annealed ELBO; :func:`predict` returns
-calibrated predictive uncertainty; :class:`LowRankGuide` captures weight correlations and
-:func:`local_reparameterization` / :func:`flipout` lower the gradient variance;
-:func:`run_nuts` samples the same model with NUTS, :func:`to_inference_data` exports VI and
-NUTS to ArviZ, :func:`psis_khat` diagnoses a guide and :func:`compare` sets two posteriors
-side by side.
+:func:`mlp`, :class:`BNN`); a guide approximates their posterior (:class:`MeanFieldGuide`,
+:class:`LowRankGuide` or any Pyro autoguide); :func:`fit` maximises a β-annealed ELBO;
+:func:`predict` returns calibrated predictive uncertainty; :func:`local_reparameterization`
+and :func:`flipout` lower the gradient variance; :func:`run_nuts` samples the same model
+with NUTS, :func:`to_inference_data` exports VI and NUTS to ArviZ, :func:`psis_khat`
+diagnoses a guide and :func:`compare` sets two posteriors side by side.
+
+The package mirrors Pyro's layout: :mod:`pyro_bbb.nn`, :mod:`pyro_bbb.priors`,
+:mod:`pyro_bbb.likelihoods` and :mod:`pyro_bbb.model` say what a BNN is;
+:mod:`pyro_bbb.infer` holds guides, the ELBO, β schedules, estimators, training, prediction
+and NUTS; :mod:`pyro_bbb.evaluation` judges posteriors; :mod:`pyro_bbb.metrics` scores
+predictions; :mod:`pyro_bbb.data` holds data sets; :mod:`pyro_bbb.plots` draws figures.
 ``import pyro_bbb`` needs no matplotlib.
 """
 
-from . import datasets, elbo, likelihoods, metrics, priors
-from .compare import Comparison, compare
-from .diagnostics import psis_khat, to_inference_data
-from .guides import LowRankGuide, MeanFieldGuide
-from .mcmc import NUTSResult, run_nuts
+from . import data, evaluation, infer, likelihoods, metrics, nn, priors
+from .evaluation import Comparison, compare, psis_khat, to_inference_data
+from .infer import (
+    Callback,
+    ClassificationPrediction,
+    History,
+    LowRankGuide,
+    MeanFieldGuide,
+    NUTSResult,
+    Prediction,
+    RegressionPrediction,
+    fit,
+    flipout,
+    local_reparameterization,
+    predict,
+    run_nuts,
+)
 from .model import BNN
 from .nn import BayesianAffine, bayesianize, mlp
-from .predict import ClassificationPrediction, Prediction, RegressionPrediction, predict
-from .reparam import flipout, local_reparameterization
-from .train import Callback, History, fit
 
 __version__ = "0.1.0"
 
@@ -38,14 +52,16 @@ __all__ = [
     "RegressionPrediction",
     "bayesianize",
     "compare",
-    "datasets",
-    "elbo",
+    "data",
+    "evaluation",
     "fit",
     "flipout",
+    "infer",
     "likelihoods",
     "local_reparameterization",
     "metrics",
     "mlp",
+    "nn",
     "predict",
     "priors",
     "psis_khat",

@@ -3,12 +3,11 @@
 Each likelihood maps the network output ``(*sample, batch, out)`` to a distribution whose
 batch shape is ``(*sample, batch)`` and checks targets. It owns its noise parameters (a
 learned Gaussian scale is a point estimate, a Pyro parameter of the model). The data plate
-and the minibatch scaling live in :class:`~pyro_bbb.BNN`. Nothing here knows of guides.
+and the minibatch scaling live in :class:`~pyro_bbb.model.BNN`. Nothing here knows of guides.
 """
 
 from __future__ import annotations
 
-import math
 from typing import Literal
 
 import pyro.distributions as dist
@@ -16,6 +15,8 @@ import torch
 import torch.nn.functional as F
 from pyro.nn import PyroModule, PyroParam
 from torch.distributions import constraints
+
+from ._validation import check_finite_tensor, check_positive_number
 
 __all__ = ["Bernoulli", "Categorical", "Gaussian", "Likelihood"]
 
@@ -62,9 +63,8 @@ def _check_float_target(y: torch.Tensor, width: int, values: bool) -> None:
             f"y must have shape {expected} for a network with {width} output(s) per target, "
             f"got {tuple(y.shape)}{hint}"
         )
-    if values and not torch.isfinite(y).all():
-        bad = (~torch.isfinite(y)).nonzero()[0].tolist()
-        raise ValueError(f"y contains NaN or inf (first at index {bad})")
+    if values:
+        check_finite_tensor("y", y)
 
 
 class Gaussian(Likelihood):
@@ -104,9 +104,9 @@ class Gaussian(Likelihood):
         super().__init__()
         if heteroscedastic and scale is not None:
             raise ValueError("scale must be None when heteroscedastic=True (the net predicts it)")
-        for name, value in (("scale", scale), ("init_scale", init_scale)):
-            if value is not None and not (math.isfinite(value) and value > 0):
-                raise ValueError(f"{name} must be a positive finite number, got {value!r}")
+        if scale is not None:
+            check_positive_number("scale", scale)
+        check_positive_number("init_scale", init_scale)
         self.heteroscedastic = heteroscedastic
         self.learned = scale is None and not heteroscedastic
         self.min_scale = float(min_scale)

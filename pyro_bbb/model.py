@@ -1,7 +1,7 @@
 r"""The Bayesian neural network as one Pyro model.
 
-:class:`BNN` joins a Bayesian network (from :func:`~pyro_bbb.bayesianize` or
-:func:`~pyro_bbb.mlp`) and a likelihood into ``model(x, y=None)``, with the data plate
+:class:`BNN` joins a Bayesian network (from :func:`~pyro_bbb.nn.bayesianize` or
+:func:`~pyro_bbb.nn.mlp`) and a likelihood into ``model(x, y=None)``, with the data plate
 that makes minibatch training exact in expectation: a batch of ``B`` of the ``N`` training
 points has its log-likelihood scaled by :math:`N/B`, and the weights' prior counts once.
 Nothing here knows of guides or training.
@@ -15,6 +15,13 @@ from pyro.infer.util import is_validation_enabled
 from pyro.nn import PyroModule
 from torch import nn
 
+from ._validation import (
+    check_finite_tensor,
+    check_floating_tensor,
+    check_int,
+    check_same_rows,
+    check_tensor,
+)
 from .likelihoods import Likelihood
 
 __all__ = ["BNN"]
@@ -67,8 +74,7 @@ class BNN(PyroModule):
                 "likelihood must be a pyro_bbb.likelihoods.Likelihood such as Gaussian(); "
                 f"got {type(likelihood).__name__}"
             )
-        if isinstance(num_data, bool) or not isinstance(num_data, int) or num_data < 1:
-            raise ValueError(f"num_data must be a positive int, got {num_data!r}")
+        check_int("num_data", num_data)
         if not isinstance(name, str):
             raise TypeError(f"name must be a str, got {type(name).__name__}")
         super().__init__(name=name)
@@ -135,34 +141,26 @@ class BNN(PyroModule):
         return cached
 
     def _check_inputs(self, x: torch.Tensor, y: torch.Tensor | None) -> None:
-        if not isinstance(x, torch.Tensor):
-            raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
-        if not torch.is_floating_point(x):
-            raise ValueError(f"x must be floating point (e.g. x.float()), got dtype {x.dtype}")
+        check_floating_tensor("x", x)
         if x.dim() < 2:
             raise ValueError(f"x must be (batch, *features), got shape {tuple(x.shape)}")
         device = self.device
         if x.device != device:
             raise ValueError(
                 f"x is on {x.device} but the model is on {device}; move x with "
-                f"x.to({str(device)!r}) or pass device= to fit/predict"
+                f"x.to({str(device)!r}), or the model with model.to({str(x.device)!r}) "
+                "(fit(..., device=) moves model, guide and data)"
             )
         if y is None:
             return
-        if not isinstance(y, torch.Tensor):
-            raise TypeError(f"y must be a torch.Tensor, got {type(y).__name__}")
+        check_tensor("y", y)
         if y.device != x.device:
             raise ValueError(f"y is on {y.device} but x is on {x.device}")
-        if y.shape[:1] != x.shape[:1]:
-            raise ValueError(
-                f"x and y must have the same number of rows, got x {tuple(x.shape)} and "
-                f"y {tuple(y.shape)}"
-            )
+        check_same_rows(x, y)
         if x.shape[0] > self.num_data:
             raise ValueError(
                 f"the batch has {x.shape[0]} rows but num_data={self.num_data}; "
                 "num_data must be the size of the whole training set"
             )
-        if is_validation_enabled() and not torch.isfinite(x).all():
-            bad = (~torch.isfinite(x)).nonzero()[0].tolist()
-            raise ValueError(f"x contains NaN or inf (first at index {bad})")
+        if is_validation_enabled():
+            check_finite_tensor("x", x)

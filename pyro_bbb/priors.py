@@ -20,13 +20,14 @@ from __future__ import annotations
 import fnmatch
 import math
 from collections.abc import Mapping
-from numbers import Real
 from typing import Protocol, runtime_checkable
 
 import pyro.distributions as dist
 import torch
 from pyro.distributions import constraints
 from torch.distributions.utils import broadcast_all
+
+from ._validation import check_int, check_number, check_positive_number
 
 __all__ = [
     "FanInGaussian",
@@ -53,12 +54,6 @@ PriorSpec = Prior | Mapping[str, Prior]
 """A single prior for every site, or a mapping from ``fnmatch`` patterns to priors."""
 
 
-def _check_positive(name: str, value: float) -> float:
-    if not isinstance(value, Real) or not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{name} must be a positive finite number, got {value!r}")
-    return float(value)
-
-
 class _Immutable:
     """Refuses attribute assignment after ``__init__``: layers cache the distribution."""
 
@@ -78,22 +73,25 @@ def _independent(base: dist.TorchDistribution, shape: torch.Size) -> dist.TorchD
 
 
 class Gaussian(_Immutable):
-    r"""Isotropic Gaussian prior :math:`w \sim \mathcal{N}(0, \sigma^2)` on every weight.
+    r"""Isotropic Gaussian prior :math:`w \sim \mathcal{N}(\mu, \sigma^2)` on every weight.
 
-    Against a Normal guide its KL divergence is available in closed form, so
-    :class:`~pyro_bbb.elbo.AnnealedELBO` computes it analytically.
+    ``Gaussian(1.0)`` is :math:`\mathcal{N}(0, 1)`: the scale is the one positional argument,
+    and a mean other than 0 is given by name, ``Gaussian(1.0, loc=0.5)``, so that neither order
+    (``dist.Normal(loc, scale)``'s or ours) can be misread. Against a Normal guide its KL
+    divergence is available in closed form, so :class:`~pyro_bbb.infer.elbo.AnnealedELBO`
+    computes it analytically.
 
     Args:
         scale: Prior standard deviation :math:`\sigma > 0`, in the units of the weights.
-        loc: Prior mean.
+        loc: Prior mean :math:`\mu`, keyword-only.
 
     Raises:
-        ValueError: If ``scale`` is not positive.
+        ValueError: If ``scale`` is not positive or ``loc`` not finite.
     """
 
-    def __init__(self, scale: float = 1.0, loc: float = 0.0) -> None:
-        self.scale = _check_positive("scale", scale)
-        self.loc = float(loc)
+    def __init__(self, scale: float = 1.0, *, loc: float = 0.0) -> None:
+        self.scale = check_positive_number("scale", scale)
+        self.loc = check_number("loc", loc)
         self._frozen = True
 
     def site_distribution(
@@ -124,15 +122,14 @@ class FanInGaussian(_Immutable):
     """
 
     def __init__(self, gain: float = 1.0) -> None:
-        self.gain = _check_positive("gain", gain)
+        self.gain = check_positive_number("gain", gain)
         self._frozen = True
 
     def site_distribution(
         self, shape: torch.Size, *, fan_in: int, device: torch.device, dtype: torch.dtype
     ) -> dist.TorchDistribution:
         """Return ``Normal(0, gain / sqrt(fan_in))`` expanded to ``shape``."""
-        if fan_in < 1:
-            raise ValueError(f"fan_in must be a positive int, got {fan_in!r}")
+        check_int("fan_in", fan_in)
         scale = torch.tensor(self.gain / math.sqrt(fan_in), device=device, dtype=dtype)
         return _independent(dist.Normal(torch.zeros((), device=device, dtype=dtype), scale), shape)
 
@@ -151,7 +148,7 @@ class ScaleMixture(dist.TorchDistribution):
     log-sum-exp over the two components, so it stays finite for :math:`\sigma_2 = e^{-8}`
     and weights far in the tails, and ``sample`` draws the component first. It has no
     closed-form KL against a Gaussian guide, so the ELBO estimates that term by Monte Carlo.
-    It is also a prior specification, so it can be passed to :func:`~pyro_bbb.bayesianize`.
+    It is also a prior specification, so it can be passed to :func:`~pyro_bbb.nn.bayesianize`.
 
     Args:
         pi: Weight of the first component, in :math:`(0, 1)`.

@@ -1,15 +1,10 @@
-"""Shared test set-up: a clean Pyro state per test, and the size of statistical checks."""
+"""Shared test set-up: a clean Pyro state per test."""
 
 from __future__ import annotations
-
-import os
 
 import pyro
 import pytest
 import torch
-
-#: ``PYRO_BBB_FULL=1`` runs the slow statistical checks at full size; CI runs a short form.
-FULL = os.environ.get("PYRO_BBB_FULL", "") == "1"
 
 
 @pytest.fixture(autouse=True)
@@ -21,11 +16,3 @@ def clean_pyro_state():
     with pyro.validation_enabled(True):
         yield
     pyro.clear_param_store()
-
-
-def scaled(short: int, full: int) -> int:
-    """A size for a statistical check: ``short`` in CI, ``full`` with ``PYRO_BBB_FULL=1``."""
-    return full if FULL else short
-
-
-requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

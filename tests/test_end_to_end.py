@@ -12,8 +12,8 @@ from torch import nn
 
 import pyro_bbb as bbb
 from pyro_bbb import metrics
-from pyro_bbb.cli import fit_gap_demo, uncertainty_by_region
-from pyro_bbb.elbo import Linear
+from pyro_bbb.demo import fit_gap_demo, uncertainty_by_region
+from pyro_bbb.infer import LinearWarmup
 
 
 @pytest.mark.slow
@@ -31,7 +31,7 @@ def test_demo_gap_uncertainty_is_at_least_twice_that_near_the_data():
 
 def digits_split():
     pytest.importorskip("sklearn")
-    from pyro_bbb.datasets import digits
+    from pyro_bbb.data import digits
 
     return digits(seed=0)
 
@@ -65,7 +65,7 @@ def tempered_bnn(split, epochs, seed):
         split.y_train,
         epochs=epochs,
         batch_size=128,
-        beta=Linear(epochs / 5, end=0.1),
+        beta=LinearWarmup(epochs / 5, end=0.1),
         reparam="local",
         seed=seed,
         progress=False,

@@ -1,4 +1,4 @@
-"""Tests of pyro_bbb.model.BNN with Pyro's tools, and of pyro_bbb.MeanFieldGuide."""
+"""Tests of pyro_bbb.BNN with Pyro's tools, and of pyro_bbb.MeanFieldGuide."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pyro.infer.autoguide import AutoDiagonalNormal, AutoLowRankMultivariateNorm
 from torch import nn
 
 from pyro_bbb import BNN, MeanFieldGuide, bayesianize, fit, likelihoods, mlp
-from pyro_bbb.elbo import AnnealedELBO
+from pyro_bbb.infer import AnnealedELBO
 from pyro_bbb.nn import initial_values
 
 SITES = ["0.weight", "0.bias", "2.weight", "2.bias"]

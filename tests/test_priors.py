@@ -15,7 +15,7 @@ from torch import nn
 from pyro_bbb import bayesianize
 from pyro_bbb.priors import FanInGaussian, Gaussian, ScaleMixture, resolve_prior
 
-from .conftest import scaled
+from .support import scaled
 
 
 def _normal_log_pdf(w: float, scale: float) -> float:

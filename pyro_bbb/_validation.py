@@ -1,0 +1,165 @@
+"""Argument checks shared by every module, raising errors in one style.
+
+Each check names the argument, says what was expected and shows what came, e.g.
+``ValueError("epochs must be a positive int, got 0")``, and returns the value (converted
+where that is the point, e.g. to ``float``) so that a check reads as an assignment. These are
+our own argument checks: they always run, whatever ``pyro.enable_validation`` says (that switch
+governs the checks of Pyro and torch distributions). Nothing here imports Pyro.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Collection
+from numbers import Integral, Real
+from typing import TypeVar
+
+import torch
+
+__all__ = [
+    "check_choice",
+    "check_finite_tensor",
+    "check_floating_tensor",
+    "check_int",
+    "check_nonnegative_number",
+    "check_number",
+    "check_open_unit_interval",
+    "check_positive_number",
+    "check_same_rows",
+    "check_tensor",
+]
+
+T = TypeVar("T")
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, Integral) and not isinstance(value, bool)
+
+
+def _is_real(value: object) -> bool:
+    return isinstance(value, Real) and not isinstance(value, bool)
+
+
+def check_int(name: str, value: object, *, minimum: int = 1, optional: bool = False) -> int | None:
+    """An ``int`` at least ``minimum`` (``None`` too, if ``optional``).
+
+    Raises:
+        ValueError: ``"<name> must be a positive int, got 0"`` (``minimum == 1``), or
+            ``"<name> must be an int >= <minimum>, got ..."``.
+    """
+    if optional and value is None:
+        return None
+    if not _is_int(value) or value < minimum:
+        expected = "a positive int" if minimum == 1 else f"an int >= {minimum}"
+        raise ValueError(f"{name} must be {expected}, got {value!r}")
+    return int(value)
+
+
+def check_number(name: str, value: object) -> float:
+    """A finite real number, as ``float``.
+
+    Raises:
+        ValueError: ``"<name> must be a finite number, got nan"``.
+    """
+    if not _is_real(value) or not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number, got {value!r}")
+    return float(value)
+
+
+def check_positive_number(name: str, value: object) -> float:
+    """A finite number above 0, as ``float``.
+
+    Raises:
+        ValueError: ``"<name> must be a positive finite number, got -1"``.
+    """
+    if not _is_real(value) or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name} must be a positive finite number, got {value!r}")
+    return float(value)
+
+
+def check_nonnegative_number(name: str, value: object) -> float:
+    """A finite number at least 0, as ``float``.
+
+    Raises:
+        ValueError: ``"<name> must be a finite number >= 0, got -1"``.
+    """
+    if not _is_real(value) or not math.isfinite(value) or value < 0:
+        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+    return float(value)
+
+
+def check_open_unit_interval(name: str, value: object) -> float:
+    """A number strictly between 0 and 1, as ``float``.
+
+    Raises:
+        ValueError: ``"<name> must be in (0, 1), got 1.5"``.
+    """
+    if not _is_real(value) or not 0 < value < 1:
+        raise ValueError(f"{name} must be in (0, 1), got {value!r}")
+    return float(value)
+
+
+def check_choice(name: str, value: T, choices: Collection[T]) -> T:
+    """One of ``choices``.
+
+    Raises:
+        ValueError: ``"<name> must be 'a' or 'b', got 'c'"``, or ``"<name> must be one of
+            'a', 'b', 'c', got 'd'"`` for more choices.
+    """
+    if value not in choices:
+        names = [repr(c) for c in choices]
+        expected = " or ".join(names) if len(names) <= 2 else "one of " + ", ".join(names)
+        raise ValueError(f"{name} must be {expected}, got {value!r}")
+    return value
+
+
+def check_tensor(name: str, value: object) -> torch.Tensor:
+    """A ``torch.Tensor``.
+
+    Raises:
+        TypeError: ``"<name> must be a torch.Tensor, got list"``.
+    """
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+    return value
+
+
+def check_floating_tensor(name: str, value: object) -> torch.Tensor:
+    """A floating-point ``torch.Tensor``.
+
+    Raises:
+        TypeError: If it is not a tensor.
+        ValueError: ``"<name> must be floating point (e.g. <name>.float()), got dtype ..."``.
+    """
+    check_tensor(name, value)
+    if not torch.is_floating_point(value):
+        raise ValueError(
+            f"{name} must be floating point (e.g. {name}.float()), got dtype {value.dtype}"
+        )
+    return value
+
+
+def check_finite_tensor(name: str, value: torch.Tensor) -> torch.Tensor:
+    """A tensor without NaN or inf (reads its values: on CUDA this synchronises).
+
+    Raises:
+        ValueError: ``"<name> contains NaN or inf (first at index [4, 0])"``.
+    """
+    finite = torch.isfinite(value)
+    if not bool(finite.all()):
+        bad = (~finite).nonzero()[0].tolist()
+        raise ValueError(f"{name} contains NaN or inf (first at index {bad})")
+    return value
+
+
+def check_same_rows(x: torch.Tensor, y: torch.Tensor, x_name: str = "x", y_name: str = "y") -> None:
+    """Two tensors with the same number of rows (size of dim 0).
+
+    Raises:
+        ValueError: ``"x and y must have the same number of rows, got x (8, 1) and y (7,)"``.
+    """
+    if x.shape[:1] != y.shape[:1]:
+        raise ValueError(
+            f"{x_name} and {y_name} must have the same number of rows, got {x_name} "
+            f"{tuple(x.shape)} and {y_name} {tuple(y.shape)}"
+        )

@@ -1,0 +1,31 @@
+"""Judging a posterior: ArviZ export, diagnostics, distances and the VI-versus-NUTS report.
+
+* :mod:`~pyro_bbb.evaluation.inference_data`: :func:`to_inference_data` for guides and NUTS
+  alike, one schema;
+* :mod:`~pyro_bbb.evaluation.diagnostics`: :func:`psis_khat` for a guide,
+  :func:`effective_sample_size` and :func:`r_hat` for NUTS;
+* :mod:`~pyro_bbb.evaluation.distances`: W2, total variation, top-1 agreement, label-set
+  coverage between predictives;
+* :mod:`~pyro_bbb.evaluation.comparison`: :func:`compare` two posteriors on a test set.
+
+The scoring rules (RMSE, log-likelihood, ECE, …) are in :mod:`pyro_bbb.metrics`, which
+prediction uses too. Nothing here draws a figure.
+"""
+
+from .comparison import Comparison, compare
+from .diagnostics import effective_sample_size, psis_khat, r_hat
+from .distances import label_set_coverage, top1_agreement, total_variation, wasserstein2
+from .inference_data import to_inference_data
+
+__all__ = [
+    "Comparison",
+    "compare",
+    "effective_sample_size",
+    "label_set_coverage",
+    "psis_khat",
+    "r_hat",
+    "to_inference_data",
+    "top1_agreement",
+    "total_variation",
+    "wasserstein2",
+]

@@ -1,0 +1,213 @@
+r"""ArviZ export for VI and NUTS with one schema, and the weight draws it is made from.
+
+:func:`to_inference_data` turns a trained guide (``S`` draws) or a
+:class:`~pyro_bbb.infer.mcmc.NUTSResult` into ArviZ ``InferenceData`` through one code path
+(``az.from_dict``): the weight draws are replayed through the model, vectorised over draws
+(:func:`posterior_draws`), to give the pointwise log-likelihood and posterior predictive on
+the data given. This module draws no figures; ArviZ (which imports matplotlib) is imported
+on first use, so ``import pyro_bbb`` stays light.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pyro
+import pyro.distributions as dist
+import pyro.poutine as poutine
+import torch
+from pyro.poutine.util import site_is_subsample
+
+from .._validation import check_int
+from ..infer.mcmc import NUTSResult, replay_nuts
+
+if TYPE_CHECKING:
+    import arviz as az
+
+__all__ = ["Draws", "posterior_draws", "site_dims", "to_inference_data"]
+
+#: Name of the plate over draws (placed left of the model's plates).
+_DRAWS_PLATE = "_draws"
+
+
+@dataclass(frozen=True)
+class Draws:
+    r"""Weight draws of a posterior, replayed through a model.
+
+    Attributes:
+        values: ``{site: (num_chains, num_draws, *site shape)}`` of the sampled sites.
+        obs_fn: The observation site's distribution under every draw, batch shape
+            ``(num_chains * num_draws, batch)``.
+        log_prior: :math:`\log p(w)` per draw, ``(num_chains, num_draws)``.
+        log_q: :math:`\log q(w)` per draw for a guide, else ``None``.
+    """
+
+    values: dict[str, torch.Tensor]
+    obs_fn: dist.TorchDistribution
+    log_prior: torch.Tensor
+    log_q: torch.Tensor | None
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """``(num_chains, num_draws)``."""
+        return tuple(self.log_prior.shape)
+
+    def pointwise_log_likelihood(self, y: torch.Tensor) -> torch.Tensor:
+        r""":math:`\log p(y_i \mid w_s)` per draw and point, ``(num_chains, num_draws, batch)``."""
+        y = y.to(self.obs_fn.mean.dtype) if not torch.is_floating_point(y) else y
+        if isinstance(self.obs_fn, dist.Categorical):
+            y = y.long()
+        log_p = self.obs_fn.log_prob(y)
+        return log_p.reshape(*self.shape, -1)
+
+
+@torch.no_grad()
+def posterior_draws(
+    model, posterior, x: torch.Tensor, y: torch.Tensor | None = None, *, num_samples: int = 500
+) -> Draws:
+    """Draw weights from a guide (or take a NUTS result's) and replay them through the model.
+
+    Vectorised over draws: one ``pyro.plate`` of ``S`` draws left of the model's plates.
+
+    Args:
+        model: The model, e.g. a :class:`~pyro_bbb.BNN`.
+        posterior: A trained guide or a :class:`~pyro_bbb.infer.mcmc.NUTSResult`.
+        x: Inputs ``(batch, *features)``.
+        y: Targets, or ``None``; only passed on to the model (which checks them).
+        num_samples: ``S`` for a guide; a NUTS result uses all its draws.
+
+    Returns:
+        :class:`Draws` with one chain for a guide, the result's chains for NUTS.
+    """
+    nesting = getattr(model, "max_plate_nesting", 1)
+    observed = getattr(model, "observation_site", "obs")
+    if isinstance(posterior, NUTSResult):
+        chains, draws = posterior.num_chains, posterior.num_samples
+        replayed_model, guide = replay_nuts(model, posterior)
+        log_q = None
+    else:
+        chains, draws = 1, check_int("num_samples", num_samples)
+        guide, replayed_model = posterior, model
+    plate = pyro.plate(_DRAWS_PLATE, chains * draws, dim=-(nesting + 1))
+    # The model checks y against its likelihood, but refuses more rows than num_data (a
+    # minibatch of the training set); a larger test set is run without y and checked here.
+    num_data = getattr(model, "num_data", None)
+    y_model = None if num_data is not None and x.shape[0] > num_data else y
+    guide_trace = poutine.trace(plate(guide)).get_trace(x, y_model)
+    model_trace = poutine.trace(poutine.replay(plate(replayed_model), trace=guide_trace)).get_trace(
+        x, y_model
+    )
+    if not isinstance(posterior, NUTSResult):
+        log_q = torch.zeros(chains * draws, dtype=x.dtype, device=x.device)
+        for site in guide_trace.nodes.values():
+            if site["type"] == "sample" and not site["is_observed"] and not site_is_subsample(site):
+                log_q = log_q + _per_draw(site["fn"].log_prob(site["value"]), chains * draws)
+        log_q = log_q.reshape(chains, draws)
+    values, log_prior = {}, 0.0
+    for name, site in model_trace.iter_stochastic_nodes():
+        if name == observed or site_is_subsample(site) or site["is_observed"]:
+            continue
+        value = site["value"]
+        event = site["fn"].event_dim
+        values[name] = value.reshape(chains, draws, *value.shape[value.dim() - event :])
+        log_prior = log_prior + _per_draw(site["fn"].log_prob(value), chains * draws)
+    if isinstance(posterior, NUTSResult) and posterior.noise == "prior":
+        values[posterior.noise_site] = posterior.samples[posterior.noise_site]
+    obs_fn = model_trace.nodes[observed]["fn"]
+    expected = obs_fn.batch_shape[-1:] + obs_fn.event_shape
+    if y is not None and y.shape != expected:
+        raise ValueError(f"y must have shape {tuple(expected)} for x, got {tuple(y.shape)}")
+    return Draws(values, obs_fn, torch.as_tensor(log_prior).reshape(chains, draws), log_q)
+
+
+def _per_draw(log_prob: torch.Tensor, num: int) -> torch.Tensor:
+    """A log-density of shape ``(S, 1, ...)`` summed to ``(S,)``."""
+    return log_prob.reshape(num, -1).sum(-1)
+
+
+def site_dims(name: str, shape: torch.Size) -> list[str]:
+    """Named dims of a site.
+
+    A layer's weight ``(out, in[, kh, kw])`` and bias ``(out,)`` share ``"<layer>.out"``;
+    other sites get ``"<site>_dim_<i>"``.
+    """
+    layer, _, param = name.rpartition(".")
+    prefix = f"{layer}." if layer else ""
+    if param == "weight" and len(shape) in (2, 4):
+        return [f"{prefix}out", f"{prefix}in", f"{prefix}kh", f"{prefix}kw"][: len(shape)]
+    if param == "bias" and len(shape) == 1:
+        return [f"{prefix}out"]
+    return [f"{name}_dim_{i}" for i in range(len(shape))]
+
+
+def numpy_of(t: torch.Tensor) -> np.ndarray:
+    return t.detach().cpu().numpy()
+
+
+def to_inference_data(
+    model,
+    posterior,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    num_samples: int = 500,
+    seed: int | None = None,
+) -> az.InferenceData:
+    r"""ArviZ ``InferenceData`` of a guide or a NUTS result, one schema for both.
+
+    Groups (``C`` chains, ``S`` draws; a guide is one chain of ``num_samples`` draws):
+
+    * ``posterior``: every sampled site by its name (``"0.weight"`` ``(C, S, out, in)``
+      with dims ``("0.out", "0.in")``; a layer's weight and bias share ``"<layer>.out"``);
+      a noise scale NUTS sampled appears as ``"likelihood.scale"``.
+    * ``posterior_predictive``: ``"obs"`` ``(C, S, data[, obs_dim])`` drawn from the
+      likelihood under each draw at ``x``.
+    * ``log_likelihood``: ``"obs"`` ``(C, S, data)``, :math:`\log p(y_i \mid w_s)` on the
+      data given (what ``az.loo`` and ``az.waic`` read).
+    * ``observed_data``: ``"obs"`` = ``y``; ``constant_data``: ``"x"``.
+    * ``sample_stats``: for NUTS the sampler's ``lp``, ``diverging``, ``tree_depth``,
+      ``n_steps``, ``step_size``, ``acceptance_rate`` (on its training data); for a guide
+      ``lp`` = :math:`\log p(y, w_s)` on the data given and ``log_q`` =
+      :math:`\log q(w_s)`.
+
+    Args:
+        model: The model, e.g. a :class:`~pyro_bbb.BNN`.
+        posterior: A trained guide or a :class:`~pyro_bbb.infer.mcmc.NUTSResult`.
+        x: Inputs ``(batch, *features)``: the training set or any other, e.g. a test set.
+        y: Targets ``(batch[, dim])``.
+        num_samples: Draws from a guide (ignored for NUTS, which uses all its draws).
+        seed: Seed for the guide draws and predictive draws.
+
+    Returns:
+        An ``arviz.InferenceData``.
+    """
+    if seed is not None:
+        pyro.set_rng_seed(seed)
+    draws = posterior_draws(model, posterior, x, y, num_samples=num_samples)
+    chains, num = draws.shape
+    observed = getattr(model, "observation_site", "obs")
+    dims = {name: site_dims(name, value.shape[2:]) for name, value in draws.values.items()}
+    with torch.no_grad():
+        predictive = draws.obs_fn.sample()
+    predictive = predictive.reshape(chains, num, *predictive.shape[predictive.dim() - y.dim() :])
+    data_dims = ["data"] + (["obs_dim"] if y.dim() > 1 else [])
+    dims[observed] = data_dims
+    dims["x"] = ["data"] + [f"x_dim_{i}" for i in range(x.dim() - 1)]
+    if isinstance(posterior, NUTSResult):
+        stats = {k: numpy_of(v) for k, v in posterior.sample_stats.items()}
+    else:
+        lp = draws.log_prior + draws.pointwise_log_likelihood(y).sum(-1)
+        stats = {"lp": numpy_of(lp), "log_q": numpy_of(draws.log_q)}
+    import arviz as az
+
+    return az.from_dict(
+        posterior={k: numpy_of(v) for k, v in draws.values.items()},
+        posterior_predictive={observed: numpy_of(predictive)},
+        log_likelihood={observed: numpy_of(draws.pointwise_log_likelihood(y))},
+        observed_data={observed: numpy_of(y)},
+        constant_data={"x": numpy_of(x)},
+        sample_stats=stats,
+        dims=dims,
+    )

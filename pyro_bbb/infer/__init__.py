@@ -1,0 +1,56 @@
+"""Inference: guides, the annealed ELBO, estimators, training, prediction and NUTS.
+
+* :mod:`~pyro_bbb.infer.guides`: :class:`MeanFieldGuide` and :class:`LowRankGuide`;
+* :mod:`~pyro_bbb.infer.kl`: closed-form KL rules; :mod:`~pyro_bbb.infer.sites`: the
+  annotation keys guides write and the ELBO and estimators read;
+* :mod:`~pyro_bbb.infer.schedules`: β schedules; :mod:`~pyro_bbb.infer.elbo`:
+  :class:`AnnealedELBO`;
+* :mod:`~pyro_bbb.infer.reparam`: local reparameterisation and flipout as effect handlers;
+* :mod:`~pyro_bbb.infer.training`: :func:`fit` (with :mod:`~pyro_bbb.infer.minibatches`
+  and :mod:`~pyro_bbb.infer.history`);
+* :mod:`~pyro_bbb.infer.predictive`: :func:`predict` and its summaries;
+* :mod:`~pyro_bbb.infer.mcmc`: :func:`run_nuts` on the same model.
+
+This package imports nothing of :mod:`pyro_bbb.evaluation`, the plots or the command line.
+"""
+
+from .elbo import AnnealedELBO, ELBOTerms
+from .guides import LowRankGuide, MeanFieldGuide
+from .history import History
+from .mcmc import NUTSResult, replay_nuts, run_nuts
+from .predictive import ClassificationPrediction, Prediction, RegressionPrediction, predict
+from .reparam import flipout, local_reparameterization
+from .schedules import (
+    BetaSchedule,
+    ConstantBeta,
+    CyclicalAnnealing,
+    LinearWarmup,
+    SigmoidWarmup,
+    as_schedule,
+)
+from .training import Callback, fit
+
+__all__ = [
+    "AnnealedELBO",
+    "BetaSchedule",
+    "Callback",
+    "ClassificationPrediction",
+    "ConstantBeta",
+    "CyclicalAnnealing",
+    "ELBOTerms",
+    "History",
+    "LinearWarmup",
+    "LowRankGuide",
+    "MeanFieldGuide",
+    "NUTSResult",
+    "Prediction",
+    "RegressionPrediction",
+    "SigmoidWarmup",
+    "as_schedule",
+    "fit",
+    "flipout",
+    "local_reparameterization",
+    "predict",
+    "replay_nuts",
+    "run_nuts",
+]

@@ -1,0 +1,286 @@
+r"""The β-annealed ELBO, with closed-form KL terms where they exist.
+
+The objective, over the whole data set of ``N`` points, is
+
+.. math::
+
+    \mathcal{L}_\beta(q) = \mathbb{E}_{q(w)}\Big[\sum_{i=1}^N \log p(y_i \mid x_i, w)\Big]
+        - \beta\, \mathrm{KL}\big(q(w) \,\|\, p(w)\big).
+
+β multiplies every *latent* term, in the model (log prior) and the guide (log q) alike, and
+never an observed one. A minibatch of ``B`` points enters with its log-likelihood scaled by
+``N / B`` (the model's subsampled plate), and the KL once per step. The KL of a site is
+computed in closed form where a rule exists for the guide/prior pair (a Normal guide against
+a Gaussian prior, :mod:`pyro_bbb.infer.kl`) and by Monte Carlo otherwise (a scale-mixture
+prior, Pyro's autoguides). ``docs/kl_scaling.md`` relates this to the forms in the literature
+(Blundell et al. 2015; Graves 2011).
+
+This module holds no training loop and no schedule: :func:`~pyro_bbb.fit` sets
+:attr:`AnnealedELBO.beta` from a :mod:`~pyro_bbb.infer.schedules` schedule at each step.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import pyro.distributions as dist
+import pyro.poutine as poutine
+import torch
+from pyro.distributions.kl import kl_divergence
+from pyro.distributions.util import scale_and_mask
+from pyro.infer import ELBO
+from pyro.poutine.util import site_is_subsample
+
+from .._shapes import broadcast_shape
+from .._validation import check_int, check_nonnegative_number
+from .kl import diagonal_normal_kl
+from .sites import JOINT_KEY
+
+__all__ = ["AnnealedELBO", "ELBOTerms"]
+
+
+def _diagonal_normal(fns) -> torch.distributions.Distribution | None:
+    """The product of (independent) Normal site priors as one ``Normal.to_event(1)``."""
+    locs, scales = [], []
+    for fn in fns:
+        base = getattr(fn, "base_dist", fn)
+        if not isinstance(base, torch.distributions.Normal) or (
+            fn is not base and not isinstance(fn, torch.distributions.Independent)
+        ):
+            return None
+        shape = fn.batch_shape + fn.event_shape
+        flat = (*fn.batch_shape, fn.event_shape.numel())
+        locs.append(base.loc.expand(shape).reshape(flat))
+        scales.append(base.scale.expand(shape).reshape(flat))
+    batch = broadcast_shape(*(loc.shape[:-1] for loc in locs))
+    locs = [loc.expand(*batch, loc.shape[-1]) for loc in locs]
+    scales = [scale.expand(*batch, scale.shape[-1]) for scale in scales]
+    return dist.Normal(torch.cat(locs, -1), torch.cat(scales, -1)).to_event(1)
+
+
+class ELBOTerms(NamedTuple):
+    r"""One estimate of the annealed objective and its parts, all for the whole data set.
+
+    Attributes:
+        loss: :math:`-\\mathcal{L}_\\beta`, the differentiable scalar to minimise.
+        nll: Expected negative log-likelihood, :math:`-\\mathbb{E}_q \\sum_i \\log p(y_i|w)`.
+        kl: :math:`\\mathrm{KL}(q \\| p)`, unweighted by β (closed form or one-sample MC).
+        beta: The β used.
+        sites: Each site's contribution: its scaled log-likelihood (observed sites) or its
+            KL term (latent sites), for diagnostics such as locating a NaN.
+    """
+
+    loss: torch.Tensor
+    nll: torch.Tensor
+    kl: torch.Tensor
+    beta: float
+    sites: dict[str, torch.Tensor]
+
+
+def _total(terms: list[torch.Tensor]) -> torch.Tensor:
+    """The sum of scalar terms, in one op for many."""
+    if not terms:
+        return torch.zeros(())
+    if len(terms) == 1:
+        return terms[0]
+    return torch.stack(terms).sum()
+
+
+def _signature(fn: object) -> tuple:
+    base = getattr(fn, "base_dist", None)
+    if base is None:
+        return (type(fn),)
+    return (type(fn), getattr(fn, "reinterpreted_batch_ndims", None), *_signature(base))
+
+
+class AnnealedELBO(ELBO):
+    r"""The β-weighted ELBO with closed-form KL where one exists.
+
+    .. math::
+
+        -\text{loss} = \frac{1}{S}\sum_{s=1}^S \Big[\log p(y \mid w_s) - \beta \sum_{k}
+            \mathrm{KL}_k\Big], \qquad w_s \sim q
+
+    where :math:`\mathrm{KL}_k = \mathrm{KL}(q_k \| p_k)` in closed form when registered, else
+    :math:`\log q_k(w_s) - \log p_k(w_s)`. With ``num_particles = S > 1`` the particles are
+    drawn in one vectorised pass (a ``pyro.plate`` left of the model's plates), never a
+    Python loop. Works with ``pyro.infer.SVI`` and any reparameterised guide, including
+    Pyro's autoguides (whose ``Delta`` sites get the Monte Carlo KL).
+
+    Args:
+        beta: Initial KL weight, ≥ 0; :func:`~pyro_bbb.fit` updates :attr:`beta` at each step.
+        num_particles: Samples of ``w`` per estimate.
+        max_plate_nesting: The model's plate depth; guessed from a first trace if omitted
+            (a :class:`~pyro_bbb.BNN` declares 1).
+        analytic_kl: Use closed-form KL terms where registered. ``False`` forces Monte Carlo.
+    """
+
+    def __init__(
+        self,
+        beta: float = 1.0,
+        *,
+        num_particles: int = 1,
+        max_plate_nesting: int | None = None,
+        analytic_kl: bool = True,
+    ) -> None:
+        check_int("num_particles", num_particles)
+        super().__init__(
+            num_particles=num_particles,
+            vectorize_particles=True,
+            max_plate_nesting=float("inf") if max_plate_nesting is None else max_plate_nesting,
+        )
+        self.beta = beta
+        self.analytic_kl = analytic_kl
+        self._has_closed_form: dict[tuple, bool] = {}
+
+    @property
+    def beta(self) -> float:
+        """The current KL weight."""
+        return self._beta
+
+    @beta.setter
+    def beta(self, value: float) -> None:
+        self._beta = check_nonnegative_number("beta", value)
+
+    # -- traces
+    def _traces(self, model, guide, args, kwargs):
+        if self.max_plate_nesting == float("inf"):
+            declared = getattr(model, "max_plate_nesting", None)
+            if isinstance(declared, int):
+                self.max_plate_nesting = declared + (self.num_particles > 1)
+            else:
+                self._guess_max_plate_nesting(model, guide, args, kwargs)
+        guide = self._vectorized_num_particles(guide)
+        model = self._vectorized_num_particles(model)
+        guide_trace = poutine.trace(guide).get_trace(*args, **kwargs)
+        model_trace = poutine.trace(poutine.replay(model, trace=guide_trace)).get_trace(
+            *args, **kwargs
+        )
+        return model_trace, guide_trace
+
+    def _get_trace(self, model, guide, args, kwargs):
+        model_trace, guide_trace = self._traces(model, guide, args, kwargs)
+        return model_trace, guide_trace
+
+    def _closed_form_kl(self, q, p) -> torch.Tensor | None:
+        if not self.analytic_kl:
+            return None
+        fast = diagonal_normal_kl(q, p)
+        if fast is not None:
+            return fast
+        key = (_signature(q), _signature(p))
+        if self._has_closed_form.get(key) is False:
+            return None
+        try:
+            kl = kl_divergence(q, p)
+        except NotImplementedError:
+            self._has_closed_form[key] = False
+            return None
+        self._has_closed_form[key] = True
+        return kl
+
+    def terms(self, model, guide, *args, **kwargs) -> ELBOTerms:
+        """Estimate the objective and its parts from one (vectorised) draw.
+
+        Args:
+            model: The Pyro model.
+            guide: The guide; every latent site must be reparameterised.
+            *args: The model's arguments (e.g. a minibatch ``x, y``).
+            **kwargs: The model's keyword arguments.
+
+        Returns:
+            :class:`ELBOTerms` for this estimate.
+
+        Raises:
+            NotImplementedError: For a guide site without ``rsample``.
+            ValueError: For a model latent site the guide does not sample.
+        """
+        model_trace, guide_trace = self._traces(model, guide, args, kwargs)
+        log_liks: list[torch.Tensor] = []
+        kls: list[torch.Tensor] = []
+        sites: dict[str, torch.Tensor] = {}
+        guide_nodes = guide_trace.nodes
+        for name, site in model_trace.nodes.items():
+            if site["type"] != "sample" or site_is_subsample(site):
+                continue
+            if site["is_observed"]:
+                term = self._log_prob(site)
+                log_liks.append(term)
+                sites[name] = term
+            elif name not in guide_nodes:
+                raise ValueError(
+                    f"model site {name!r} is latent but the guide does not sample it; every "
+                    "latent site needs a guide site of the same name"
+                )
+        covered: set[str] = set()
+        for name, site in guide_nodes.items():
+            if site["type"] != "sample" or site["is_observed"] or site_is_subsample(site):
+                continue
+            if name in covered:
+                continue
+            if not site["fn"].has_rsample:
+                raise NotImplementedError(
+                    f"guide site {name!r} ({type(site['fn']).__name__}) is not "
+                    "reparameterisable; AnnealedELBO needs rsample (use Trace_ELBO for "
+                    "score-function gradients)"
+                )
+            model_site = model_trace.nodes.get(name)
+            if model_site is None:
+                if not site["infer"].get("is_auxiliary"):
+                    raise ValueError(f"guide site {name!r} is not in the model")
+                term = self._group_kl(site, model_trace)
+                if term is None:
+                    term = self._log_prob(site)
+                else:
+                    covered.update(site["infer"][JOINT_KEY])
+            else:
+                term = self._kl_term(site, model_site)
+            kls.append(term)
+            sites[name] = term
+        nll = -_total(log_liks)
+        kl = _total(kls)
+        if self.num_particles > 1:
+            nll, kl = nll / self.num_particles, kl / self.num_particles
+        return ELBOTerms(nll + self.beta * kl, nll, kl, self.beta, sites)
+
+    def _group_kl(self, aux_site, model_trace) -> torch.Tensor | None:
+        """Closed-form KL of a guide block that joins several model sites, if available."""
+        names = aux_site["infer"].get(JOINT_KEY)
+        if not names or any(name not in model_trace.nodes for name in names):
+            return None
+        prior = _diagonal_normal([model_trace.nodes[name]["fn"] for name in names])
+        if prior is None:
+            return None
+        closed = self._closed_form_kl(aux_site["fn"], prior)
+        if closed is None:
+            return None
+        return scale_and_mask(closed, aux_site["scale"], aux_site["mask"]).sum()
+
+    def _kl_term(self, guide_site, model_site) -> torch.Tensor:
+        q, p = guide_site["fn"], model_site["fn"]
+        closed = self._closed_form_kl(q, p)
+        if closed is not None:
+            return scale_and_mask(closed, guide_site["scale"], guide_site["mask"]).sum()
+        return self._log_prob(guide_site) - self._log_prob(model_site)
+
+    @staticmethod
+    def _log_prob(site) -> torch.Tensor:
+        log_p = site["fn"].log_prob(site["value"])
+        return scale_and_mask(log_p, site["scale"], site["mask"]).sum()
+
+    # -- the pyro.infer.ELBO interface
+    def differentiable_loss(self, model, guide, *args, **kwargs) -> torch.Tensor:
+        """The negative annealed ELBO as a differentiable scalar."""
+        return self.terms(model, guide, *args, **kwargs).loss
+
+    def loss(self, model, guide, *args, **kwargs) -> float:
+        """The negative annealed ELBO as a float, without gradients."""
+        with torch.no_grad():
+            return self.terms(model, guide, *args, **kwargs).loss.item()
+
+    def loss_and_grads(self, model, guide, *args, **kwargs) -> float:
+        """Compute the loss and backpropagate it into the parameters (for ``pyro.infer.SVI``)."""
+        loss = self.terms(model, guide, *args, **kwargs).loss
+        if loss.requires_grad:
+            loss.backward()
+        return loss.item()

@@ -1,0 +1,94 @@
+"""What the Gaussian guides of this package share: set-up, medians and quantiles.
+
+A subclass builds its parameters in :meth:`GaussianGuide._build` from the latent sites and
+their initial means, and says what each site's marginal ``(loc, scale)`` is; this base turns
+that into ``median()`` and ``quantiles()`` and keeps the init options and naming in one
+place. It holds no distribution of its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pyro.distributions as dist
+import torch
+from pyro.infer.autoguide import AutoGuide
+
+from ._init import InitLoc, global_latent_sites, initial_locs
+
+__all__ = ["GaussianGuide"]
+
+
+class GaussianGuide(AutoGuide):
+    """Base of :class:`~pyro_bbb.MeanFieldGuide` and :class:`~pyro_bbb.LowRankGuide`.
+
+    Args:
+        model: The Pyro model.
+        init_loc: Initial means (see :func:`~pyro_bbb.infer.guides._init.initial_locs`).
+        name: Prefix in Pyro's param store (default: the class name).
+        create_plates: Passed to :class:`~pyro.infer.autoguide.AutoGuide`.
+    """
+
+    def __init__(
+        self, model, *, init_loc: InitLoc = None, name: str | None = None, create_plates=None
+    ) -> None:
+        super().__init__(model, create_plates=create_plates)
+        # Not a submodule: a pretrained network only lends its values, so it must neither
+        # move with guide.to() nor enter the guide's state_dict.
+        object.__setattr__(self, "_init_loc", init_loc)
+        if name is not None:
+            self._pyro_name = name
+
+    def _setup_prototype(self, *args, **kwargs) -> None:
+        super()._setup_prototype(*args, **kwargs)
+        sites = global_latent_sites(self.prototype_trace, type(self).__name__, self.model)
+        self._build(sites, initial_locs(self.model, sites, self._init_loc))
+
+    def _build(self, sites: dict[str, dict], locs: dict[str, torch.Tensor]) -> None:
+        """Create the parameters from the latent sites and their initial means."""
+        raise NotImplementedError
+
+    def _marginals(self) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        """``{site: (loc, scale)}`` of each site's Gaussian marginal, site-shaped."""
+        raise NotImplementedError
+
+    @torch.no_grad()
+    def median(self, *args, **kwargs) -> dict[str, torch.Tensor]:
+        """Posterior median (= mean) of every site, ``{site: tensor of the site's shape}``.
+
+        Takes the model's arguments only if the guide has not been called yet.
+        """
+        self._require_setup(*args, **kwargs)
+        return {site: loc.detach().clone() for site, (loc, _) in self._marginals().items()}
+
+    @torch.no_grad()
+    def quantiles(
+        self, quantiles: Sequence[float] | torch.Tensor, *args, **kwargs
+    ) -> dict[str, torch.Tensor]:
+        """Marginal posterior quantiles of every site.
+
+        Args:
+            quantiles: Levels in ``(0, 1)``, e.g. ``[0.05, 0.5, 0.95]``.
+            *args: The model's arguments, only if the guide has not been called yet.
+            **kwargs: Likewise.
+
+        Returns:
+            ``{site: tensor (len(quantiles), *site shape)}``.
+        """
+        self._require_setup(*args, **kwargs)
+        result = {}
+        for site, (loc, scale) in self._marginals().items():
+            q = torch.as_tensor(quantiles, dtype=loc.dtype, device=loc.device)
+            if ((q <= 0) | (q >= 1)).any():
+                raise ValueError(f"quantiles must lie in (0, 1), got {q.tolist()}")
+            result[site] = dist.Normal(loc, scale).icdf(q.reshape(-1, *([1] * loc.dim())))
+        return result
+
+    def _require_setup(self, *args, **kwargs) -> None:
+        if self.prototype_trace is None and args:
+            self._setup_prototype(*args, **kwargs)
+        if self.prototype_trace is None:
+            raise RuntimeError(
+                f"{type(self).__name__} has no parameters yet: call it (or fit) with the "
+                "model's arguments first, or pass them to median()/quantiles()"
+            )

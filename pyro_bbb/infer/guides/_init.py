@@ -1,0 +1,130 @@
+"""Where a guide's initial means come from; shared by every guide in this package.
+
+A guide's means start from one of three sources: the network's own initialisation (the
+values :func:`~pyro_bbb.bayesianize` kept), a pretrained ``nn.Module`` with the same
+parameter names, or a ``{site name: tensor}`` mapping. This module resolves that choice
+into one tensor per latent site; it holds no guide.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+import torch
+from pyro.poutine import Trace
+from torch import nn
+
+from ...nn import initial_values
+from ..sites import base_support, is_real_valued
+
+__all__ = ["InitLoc", "check_init_scale", "global_latent_sites", "initial_locs"]
+
+InitLoc = nn.Module | Mapping[str, torch.Tensor] | None
+"""``None`` (the network's own initialisation), a pretrained module, or a mapping."""
+
+
+def global_latent_sites(trace: Trace, guide_name: str, model: object = None) -> dict[str, dict]:
+    """The latent sample sites of a prototype trace, checked to be global and real-valued.
+
+    A model's declared ``observation_site`` (``"obs"`` for a :class:`~pyro_bbb.BNN`) is left
+    out, so a guide can be set up by a call without targets, e.g. ``guide(x)``.
+
+    Args:
+        trace: The model's prototype trace.
+        guide_name: The guide's class name, for error messages.
+        model: The model, whose ``observation_site`` attribute is read if present.
+
+    Returns:
+        ``{site name: site}`` in the model's order.
+
+    Raises:
+        NotImplementedError: For a site inside a plate or with a constrained support.
+    """
+    sites = {}
+    observed = getattr(model, "observation_site", None)
+    for name, site in trace.iter_stochastic_nodes():
+        if name == observed:
+            continue
+        if site["cond_indep_stack"]:
+            plates = [frame.name for frame in site["cond_indep_stack"]]
+            raise NotImplementedError(
+                f"{guide_name} handles global latent sites only; site {name!r} is inside "
+                f"plate(s) {plates}. Use an AutoGuideList with a Pyro autoguide for it."
+            )
+        if not is_real_valued(site["fn"]):
+            support = base_support(site["fn"])
+            raise NotImplementedError(
+                f"{guide_name} needs real-valued sites; site {name!r} has support {support}. "
+                "Use pyro.infer.autoguide.AutoNormal for constrained sites."
+            )
+        sites[name] = site
+    if not sites:
+        raise ValueError(f"{guide_name}: the model has no latent sample site to approximate")
+    return sites
+
+
+def initial_locs(
+    model: nn.Module | object, sites: Mapping[str, dict], init_loc: InitLoc
+) -> dict[str, torch.Tensor]:
+    """Resolve the initial mean of every latent site.
+
+    Args:
+        model: The model (its Bayesian layers hold their initial values).
+        sites: The latent sites, from :func:`global_latent_sites`.
+        init_loc: ``None`` for the network's own initialisation (sites outside Bayesian
+            layers start at their prototype draw), a pretrained ``nn.Module`` whose
+            ``named_parameters()`` names match the site names, or a mapping from site names
+            to tensors (unnamed sites keep the default).
+
+    Returns:
+        ``{site name: tensor}`` with each site's shape, device and dtype.
+
+    Raises:
+        ValueError: On an unknown site name, a shape mismatch, or a pretrained module
+            missing a site.
+    """
+    defaults = initial_values(model) if isinstance(model, nn.Module) else {}
+    if init_loc is None:
+        source: Mapping[str, torch.Tensor] = defaults
+    elif isinstance(init_loc, nn.Module):
+        named = {name: p.detach() for name, p in init_loc.named_parameters()}
+        missing = [name for name in sites if name not in named and name in defaults]
+        if missing:
+            raise ValueError(
+                f"init_loc module has no parameter for site(s) {missing}; its parameters are "
+                f"{sorted(named)}"
+            )
+        source = {**defaults, **named}
+    elif isinstance(init_loc, Mapping):
+        unknown = sorted(set(init_loc) - set(sites))
+        if unknown:
+            raise ValueError(f"init_loc names unknown site(s) {unknown}; sites are {list(sites)}")
+        source = {**defaults, **init_loc}
+    else:
+        raise TypeError(
+            "init_loc must be None, a pretrained nn.Module or a {site: tensor} mapping, got "
+            f"{type(init_loc).__name__}"
+        )
+    locs = {}
+    for name, site in sites.items():
+        prototype = site["value"].detach()
+        value = source.get(name, prototype)
+        value = torch.as_tensor(value).detach()
+        if value.shape != prototype.shape:
+            raise ValueError(
+                f"init_loc for site {name!r} must have shape {tuple(prototype.shape)}, got "
+                f"{tuple(value.shape)}"
+            )
+        locs[name] = value.to(device=prototype.device, dtype=prototype.dtype).clone()
+    return locs
+
+
+def check_init_scale(init_scale: float, min_scale: float) -> float:
+    """Check an initial standard deviation and return ρ with ``softplus(ρ) + min = init``."""
+    if not (isinstance(init_scale, (int, float)) and math.isfinite(init_scale)):
+        raise ValueError(f"init_scale must be a positive number, got {init_scale!r}")
+    if init_scale <= min_scale:
+        raise ValueError(f"init_scale must exceed min_scale={min_scale:g}, got {init_scale!r}")
+    excess = init_scale - min_scale
+    return excess + math.log(-math.expm1(-excess))  # inverse softplus, stable for small σ

@@ -1,0 +1,241 @@
+r"""The low-rank-plus-diagonal Gaussian guide.
+
+:class:`LowRankGuide` approximates each block of weights (a layer's weight and bias, or the
+whole network) by :math:`\mathcal{N}(\mu, D + VV^\top)` with :math:`D = \text{softplus}(\rho)^2`
+and a rank-``r`` factor :math:`V`. A block is one auxiliary latent; the model's sites are
+``Delta`` slices of it, as in Pyro's ``AutoLowRankMultivariateNormal``, so the guide works
+with every Pyro ELBO. The block's site annotates which model sites it joins, and
+:class:`~pyro_bbb.infer.elbo.AnnealedELBO` uses that to compute the KL to a Gaussian prior
+in closed form (:func:`~pyro_bbb.infer.kl.kl_low_rank_diagonal`, by the matrix determinant
+lemma, never a :math:`d \times d` matrix). The block's distribution also remembers the factor noise
+:math:`\varepsilon_2` it drew, so :func:`~pyro_bbb.local_reparameterization` can add the
+rank-``r`` part of a layer's pre-activation exactly.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from operator import attrgetter
+from typing import Literal
+
+import pyro
+import pyro.distributions as dist
+import torch
+import torch.nn.functional as F
+from pyro.infer.autoguide.utils import deep_setattr
+from pyro.nn import PyroModule, PyroParam
+
+from ..._validation import check_choice, check_int
+from ..sites import BLOCK_KEY, JOINT_KEY
+from ._base import GaussianGuide
+from ._init import InitLoc, check_init_scale
+
+__all__ = ["LowRankGuide", "LowRankMultivariateNormal"]
+
+
+class LowRankMultivariateNormal(dist.LowRankMultivariateNormal):
+    r""":math:`\mathcal{N}(\mu, D + VV^\top)` that remembers the noise of its last draw.
+
+    ``rsample`` returns :math:`\mu + D^{1/2}\varepsilon_1 + V\varepsilon_2` and keeps
+    :math:`\varepsilon_2` as :attr:`factor_noise` (shape ``sample_shape + batch_shape +
+    (rank,)``), which local reparameterisation shares across a minibatch.
+    """
+
+    factor_noise: torch.Tensor | None = None
+
+    def expand(self, batch_shape, _instance=None):  # noqa: D102 (torch's API)
+        new = self._get_checked_instance(LowRankMultivariateNormal, _instance)
+        return super().expand(batch_shape, _instance=new)
+
+    def rsample(self, sample_shape: torch.Size = torch.Size()) -> torch.Tensor:  # noqa: B008
+        r"""Draw :math:`\mu + D^{1/2}\varepsilon_1 + V\varepsilon_2`, remembering ε₂."""
+        shape = self._extended_shape(sample_shape)
+        rank = self._unbroadcasted_cov_factor.shape[-1]
+        eps_diag = torch.randn(shape, dtype=self.loc.dtype, device=self.loc.device)
+        eps_factor = torch.randn((*shape[:-1], rank), dtype=self.loc.dtype, device=self.loc.device)
+        self.factor_noise = eps_factor
+        factor_part = (self._unbroadcasted_cov_factor @ eps_factor.unsqueeze(-1)).squeeze(-1)
+        return self.loc + factor_part + self._unbroadcasted_cov_diag.sqrt() * eps_diag
+
+
+@dataclass(frozen=True)
+class _Slice:
+    site: str
+    start: int
+    stop: int
+    shape: torch.Size
+
+
+@dataclass(frozen=True)
+class _Block:
+    name: str
+    aux_site: str
+    slices: tuple[_Slice, ...]
+
+    @property
+    def size(self) -> int:
+        return self.slices[-1].stop
+
+
+class LowRankGuide(GaussianGuide):
+    r"""Low-rank-plus-diagonal Gaussian guide over blocks of weights.
+
+    .. math::
+
+        q(\theta_b) = \mathcal{N}(\mu_b, D_b + V_b V_b^\top), \quad
+        D_b = \text{diag}(\text{softplus}(\rho_b) + \sigma_{\min})^2, \quad
+        \theta_b = \mu_b + D_b^{1/2}\varepsilon_1 + V_b\varepsilon_2
+
+    for each block :math:`b`, independent across blocks. Parameters: ``locs.<block>``
+    ``(d,)``, ``rhos.<block>`` ``(d,)`` and ``factors.<block>`` ``(d, rank)``.
+
+    Args:
+        model: The Pyro model, e.g. a :class:`~pyro_bbb.BNN`.
+        rank: Columns of :math:`V`, ``0 ≤ rank ≤ d`` for every block; 0 is mean-field.
+        blocks: ``"layer"``: one block per layer (its weight and bias together), so the cost
+            grows as ``d·rank`` per layer. ``"network"``: one block of every weight, for small
+            networks where cross-layer correlation matters.
+        init_scale: Marginal posterior std at initialisation, split 3:1 in variance between
+            the diagonal and the factor.
+        init_loc: As in :class:`~pyro_bbb.MeanFieldGuide`.
+        min_scale: :math:`\sigma_{\min}`, the floor of the diagonal std.
+        name: Prefix in Pyro's param store (default: the class name).
+        create_plates: Passed to :class:`~pyro.infer.autoguide.AutoGuide`.
+
+    Raises:
+        ValueError: On a negative rank, an unknown ``blocks``, a bad ``init_scale``, and (at
+            the first call) a rank larger than a block's size.
+    """
+
+    def __init__(
+        self,
+        model,
+        *,
+        rank: int = 1,
+        blocks: Literal["layer", "network"] = "layer",
+        init_scale: float = 0.05,
+        init_loc: InitLoc = None,
+        min_scale: float = 1e-6,
+        name: str | None = None,
+        create_plates=None,
+    ) -> None:
+        self.rank = check_int("rank", rank, minimum=0)
+        self.blocks = check_choice("blocks", blocks, ("layer", "network"))
+        self.init_scale = float(init_scale)
+        self.min_scale = float(min_scale)
+        diag_scale = init_scale * math.sqrt(0.75) if rank else init_scale
+        self.init_rho = check_init_scale(diag_scale, min_scale)
+        super().__init__(model, init_loc=init_loc, name=name, create_plates=create_plates)
+
+    # -- set-up
+    def _build(self, sites: dict[str, dict], locs: dict[str, torch.Tensor]) -> None:
+        groups: dict[str, list[str]] = {}
+        for site in sites:
+            key = "network" if self.blocks == "network" else (site.rpartition(".")[0] or "_root")
+            groups.setdefault(key, []).append(site)
+        self._blocks = []
+        self.locs, self.rhos, self.factors = PyroModule(), PyroModule(), PyroModule()
+        for key, names in groups.items():
+            slices, start = [], 0
+            for site in names:
+                shape = locs[site].shape
+                slices.append(_Slice(site, start, start + shape.numel(), shape))
+                start += shape.numel()
+            if self.rank > start:
+                raise ValueError(
+                    f"rank={self.rank} exceeds the size {start} of block {key!r} "
+                    f"(sites {names}); use rank <= {start}"
+                    + (" or blocks='network'" if self.blocks == "layer" else "")
+                )
+            block = _Block(key, f"_{self._pyro_name}.{key}", tuple(slices))
+            self._blocks.append(block)
+            loc = torch.cat([locs[s].reshape(-1) for s in names])
+            factor_scale = 0.5 * self.init_scale / math.sqrt(max(self.rank, 1))
+            deep_setattr(self.locs, key, PyroParam(loc))
+            deep_setattr(self.rhos, key, PyroParam(torch.full_like(loc, self.init_rho)))
+            deep_setattr(
+                self.factors,
+                key,
+                PyroParam(factor_scale * torch.randn(start, self.rank, dtype=loc.dtype).to(loc)),
+            )
+
+    # -- the distribution of a block
+    def block_distribution(self, block: _Block | str) -> dist.TorchDistribution:
+        r""":math:`\mathcal{N}(\mu, D + VV^\top)` of one block, event shape ``(d,)``.
+
+        A :class:`LowRankMultivariateNormal`, or ``Normal(...).to_event(1)`` when
+        ``rank == 0``.
+        """
+        if isinstance(block, str):
+            block = self._block(block)
+        loc = attrgetter(block.name)(self.locs)
+        scale = F.softplus(attrgetter(block.name)(self.rhos)) + self.min_scale
+        if self.rank == 0:
+            return dist.Normal(loc, scale).to_event(1)
+        factor = attrgetter(block.name)(self.factors)
+        return LowRankMultivariateNormal(loc, factor, scale.pow(2))
+
+    def _block(self, name: str) -> _Block:
+        for block in self._blocks:
+            if block.name == name:
+                return block
+        raise KeyError(f"no block {name!r}; blocks are {[b.name for b in self._blocks]}")
+
+    def forward(self, *args, **kwargs) -> dict[str, torch.Tensor]:
+        """Draw every block and hand each model site its slice; takes the model's arguments.
+
+        Returns:
+            ``{site name: sample}``.
+        """
+        if self.prototype_trace is None:
+            self._setup_prototype(*args, **kwargs)
+        result = {}
+        for block in self._blocks:
+            theta = pyro.sample(
+                block.aux_site,
+                self.block_distribution(block),
+                infer={"is_auxiliary": True, JOINT_KEY: tuple(s.site for s in block.slices)},
+            )
+            batch = theta.shape[:-1]
+            for piece in block.slices:
+                value = theta[..., piece.start : piece.stop].reshape(*batch, *piece.shape)
+                result[piece.site] = pyro.sample(
+                    piece.site,
+                    dist.Delta(value, event_dim=len(piece.shape)),
+                    infer={BLOCK_KEY: (block.aux_site, piece.start, piece.stop)},
+                )
+        return result
+
+    # -- summaries
+    @property
+    def block_names(self) -> list[str]:
+        """Names of the blocks (layer paths, or ``"network"``)."""
+        self._require_setup()
+        return [block.name for block in self._blocks]
+
+    @torch.no_grad()
+    def posterior(self) -> dict[str, dist.TorchDistribution]:
+        """The joint posterior of every block, ``{block name: distribution over (d,)}``."""
+        self._require_setup()
+        return {block.name: self.block_distribution(block) for block in self._blocks}
+
+    @torch.no_grad()
+    def covariance(self, block: str) -> torch.Tensor:
+        r"""Dense covariance :math:`D + VV^\top` of one block, ``(d, d)`` (small blocks only)."""
+        self._require_setup()
+        fn = self.block_distribution(block)
+        return fn.covariance_matrix if self.rank else torch.diag(fn.base_dist.scale.pow(2))
+
+    def _marginals(self) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        result = {}
+        for block in self._blocks:
+            fn = self.block_distribution(block)
+            loc = fn.mean
+            scale = fn.variance.sqrt()
+            for piece in block.slices:
+                result[piece.site] = (
+                    loc[piece.start : piece.stop].reshape(piece.shape),
+                    scale[piece.start : piece.stop].reshape(piece.shape),
+                )
+        return result

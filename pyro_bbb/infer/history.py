@@ -1,0 +1,61 @@
+"""The per-epoch record of a fit: :class:`History`.
+
+:func:`~pyro_bbb.fit` appends one entry per epoch to every list; nothing here trains.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+__all__ = ["History"]
+
+
+@dataclass
+class History:
+    r"""Per-epoch record of a fit; every list has one entry per epoch.
+
+    Losses are whole-data-set quantities: the mean over the epoch's steps of the minibatch
+    estimates, each of which is unbiased for the full-batch value.
+
+    Attributes:
+        loss: Negative β-annealed ELBO, :math:`\\text{nll} + \\beta\\,\\text{kl}` (nats).
+        loss_per_datum: ``loss / num_data`` (nats per data point).
+        nll: Expected negative log-likelihood of the training set (nats).
+        kl: :math:`\\mathrm{KL}(q \\| p)` (nats), not weighted by β.
+        beta: Mean β over the epoch.
+        seconds: Wall-clock seconds per epoch.
+        steps: Optimiser steps taken by the end of each epoch (cumulative).
+        num_data: Number of training points ``N``.
+    """
+
+    num_data: int
+    loss: list[float] = field(default_factory=list)
+    loss_per_datum: list[float] = field(default_factory=list)
+    nll: list[float] = field(default_factory=list)
+    kl: list[float] = field(default_factory=list)
+    beta: list[float] = field(default_factory=list)
+    seconds: list[float] = field(default_factory=list)
+    steps: list[int] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.loss)
+
+    @property
+    def elbo(self) -> list[float]:
+        """The β-annealed ELBO per epoch, ``-loss``."""
+        return [-v for v in self.loss]
+
+    def as_dict(self) -> dict[str, list[float] | list[int]]:
+        """The per-epoch lists by name (e.g. for a ``pandas.DataFrame``)."""
+        names = ("loss", "loss_per_datum", "nll", "kl", "beta", "seconds", "steps")
+        return {name: list(getattr(self, name)) for name in names}
+
+    def __repr__(self) -> str:
+        if not self.loss:
+            return "History(empty)"
+        return (
+            f"History({len(self)} epochs, {self.steps[-1]} steps, "
+            f"{sum(self.seconds):.1f} s; last: loss={self.loss[-1]:.4g} "
+            f"({self.loss_per_datum[-1]:.4g}/datum), nll={self.nll[-1]:.4g}, "
+            f"kl={self.kl[-1]:.4g}, beta={self.beta[-1]:.3g})"
+        )

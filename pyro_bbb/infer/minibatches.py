@@ -1,0 +1,121 @@
+"""Minibatches for :func:`~pyro_bbb.fit`: from tensors or a ``DataLoader``, checked once.
+
+:func:`make_batches` turns ``(x, y)`` tensors (shuffled per epoch with torch's generator) or
+a ``DataLoader`` into a re-iterable source of minibatches already on the training device, and
+checks the data against the model (dtype, NaN/inf, rows, the likelihood's targets, the
+model's ``num_data``) with errors that name the argument. Nothing here trains.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+
+import pyro.poutine as poutine
+import torch
+from torch.utils.data import DataLoader
+
+from .._validation import check_finite_tensor, check_floating_tensor, check_same_rows
+
+__all__ = ["Batches", "make_batches"]
+
+
+class Batches:
+    """Re-iterable minibatches of tensors already on the training device, or a loader."""
+
+    def __init__(self, make: Callable[[], Iterable], num_steps: int, num_data: int) -> None:
+        self._make, self._num_steps, self.num_data = make, num_steps, num_data
+
+    def __call__(self) -> Iterable:
+        """One epoch's minibatches, ``(x, y)`` pairs."""
+        return self._make()
+
+    def __len__(self) -> int:
+        return self._num_steps
+
+
+def make_batches(
+    model, x, y, batch_size: int | None, shuffle: bool, device: torch.device
+) -> Batches:
+    """Check the data and return its minibatches on ``device``.
+
+    Args:
+        model: The model; its ``num_data``, ``net`` and ``likelihood`` are read if present.
+        x: Features ``(N, *features)``, or a ``DataLoader`` of ``(x, y)`` batches.
+        y: Targets ``(N[, dim])``, or ``None`` with a loader.
+        batch_size: Rows per step; ``None`` for the full batch.
+        shuffle: Draw a new order every epoch (tensor input).
+        device: Where the batches go.
+
+    Returns:
+        :class:`Batches`: ``batches()`` iterates one epoch, ``len(batches)`` is its steps.
+
+    Raises:
+        TypeError: If ``x``/``y`` are neither tensors nor a loader and ``None``.
+        ValueError: On bad data, or a data set whose size is not the model's ``num_data``.
+    """
+    num_data = getattr(model, "num_data", None)
+    if isinstance(x, DataLoader):
+        if y is not None:
+            raise ValueError("y must be None when x is a DataLoader (it yields (x, y) pairs)")
+        size = len(x.dataset) if hasattr(x.dataset, "__len__") else None
+        if num_data is not None and size is not None and size != num_data:
+            raise ValueError(
+                f"the DataLoader's dataset has {size} points but model.num_data={num_data}"
+            )
+
+        widths: dict[str, int] = {}
+
+        def loader_batches():
+            for batch in x:
+                xb, yb = (t.to(device, non_blocking=True) for t in batch)
+                _check_data(model, xb, yb, widths)
+                yield xb, yb
+
+        return Batches(loader_batches, len(x), num_data or size or 1)
+
+    if not isinstance(x, torch.Tensor) or not isinstance(y, torch.Tensor):
+        raise TypeError(
+            "x and y must be tensors (or x a DataLoader and y None), got "
+            f"{type(x).__name__} and {type(y).__name__}"
+        )
+    x, y = x.to(device), y.to(device)
+    _check_data(model, x, y)
+    n = x.shape[0]
+    if num_data is not None and n != num_data:
+        raise ValueError(
+            f"x has {n} rows but model.num_data={num_data}; num_data must be the training-set "
+            "size for the KL to be weighted correctly"
+        )
+    size = n if batch_size is None else min(batch_size, n)
+    num_steps = math.ceil(n / size)
+
+    def tensor_batches():
+        order = torch.randperm(n, device=device) if shuffle and size < n else None
+        for k in range(num_steps):
+            if order is None:
+                yield x[k * size : (k + 1) * size], y[k * size : (k + 1) * size]
+            else:
+                idx = order[k * size : (k + 1) * size]
+                yield x[idx], y[idx]
+
+    return Batches(tensor_batches, num_steps, num_data or n)
+
+
+def _check_data(model, x: torch.Tensor, y: torch.Tensor, widths: dict | None = None) -> None:
+    """Validate data by reading its values (dtype, NaN/inf, shapes, labels).
+
+    ``widths`` caches the network's output width across the batches of a loader, so the
+    network runs once per fit for this check, not once per batch.
+    """
+    check_floating_tensor("x", x)
+    check_finite_tensor("x", x)
+    check_same_rows(x, y)
+    likelihood = getattr(model, "likelihood", None)
+    net = getattr(model, "net", None)
+    if likelihood is not None and net is not None:
+        widths = {} if widths is None else widths
+        if "out" not in widths:
+            with torch.no_grad(), poutine.block():
+                widths["out"] = net(x[:1]).shape[-1]
+        likelihood.check_target(y, widths["out"])

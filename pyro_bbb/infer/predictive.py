@@ -1,0 +1,291 @@
+r"""Vectorised Monte Carlo prediction and the split of uncertainty into its sources.
+
+:func:`predict` draws ``S`` weight samples from the guide in one vectorised pass (a
+``pyro.plate`` over samples, never a Python loop over them) and returns a
+:class:`Prediction`: for regression the predictive mixture
+:math:`p(y|x) \approx \frac1S \sum_s \mathcal{N}(y \mid \mu_s(x), \sigma_s^2(x))` with its
+mean and its variance split by the law of total variance,
+
+.. math::
+
+    \mathrm{Var}[y] = \underbrace{\mathrm{Var}_s[\mu_s]}_{\text{epistemic}}
+        + \underbrace{\mathbb{E}_s[\sigma_s^2]}_{\text{aleatoric}},
+
+and for classification the mean probabilities with the entropy split
+:math:`\mathbb{H}[\bar p] = \mathbb{E}_s \mathbb{H}[p_s] + \mathrm{MI}` (expected entropy,
+aleatoric, plus mutual information between label and weights, epistemic).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import pyro
+import pyro.distributions as dist
+import pyro.poutine as poutine
+import torch
+
+from .. import metrics
+from .._validation import check_int, check_open_unit_interval
+from .reparam import estimator
+
+__all__ = ["ClassificationPrediction", "Prediction", "RegressionPrediction", "predict"]
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """Predictive samples at a set of inputs; see the two subclasses for the summaries.
+
+    Attributes:
+        samples: Draws of the targets, ``(num_samples, batch[, dim])``.
+    """
+
+    samples: torch.Tensor
+
+    @property
+    def num_samples(self) -> int:
+        """``S``, the number of weight samples."""
+        return self.samples.shape[0]
+
+
+@dataclass(frozen=True)
+class RegressionPrediction(Prediction):
+    """The predictive of a Gaussian likelihood, a mixture of ``S`` Gaussians per point.
+
+    Attributes:
+        samples: Draws of ``y``, ``(num_samples, batch[, dim])``.
+        loc_samples: Mean of ``y`` under each weight sample, same shape.
+        scale_samples: Noise std under each weight sample, broadcastable to it.
+    """
+
+    loc_samples: torch.Tensor
+    scale_samples: torch.Tensor
+
+    @property
+    def mean(self) -> torch.Tensor:
+        """Predictive mean ``(batch[, dim])``, target units."""
+        return self.loc_samples.mean(0)
+
+    @property
+    def epistemic_std(self) -> torch.Tensor:
+        r"""Epistemic std :math:`\sqrt{\mathrm{Var}_s[\mu_s]}`; ``(batch[, dim])``."""
+        return self.loc_samples.var(0, unbiased=False).sqrt()
+
+    @property
+    def aleatoric_std(self) -> torch.Tensor:
+        r"""Aleatoric std :math:`\sqrt{\mathbb{E}_s[\sigma_s^2]}`, ``(batch[, dim])``."""
+        return self.scale_samples.expand_as(self.loc_samples).pow(2).mean(0).sqrt()
+
+    @property
+    def std(self) -> torch.Tensor:
+        """Total predictive std, epistemic and aleatoric added in variance, ``(batch[, dim])``."""
+        return (self.epistemic_std.pow(2) + self.aleatoric_std.pow(2)).sqrt()
+
+    def interval(self, level: float = 0.95) -> tuple[torch.Tensor, torch.Tensor]:
+        """Central predictive interval of the mixture (not a Gaussian fit to it).
+
+        Args:
+            level: Probability mass inside, in ``(0, 1)``.
+
+        Returns:
+            ``(lower, upper)``, each ``(batch[, dim])``: the ``(1 ± level) / 2`` quantiles
+            of the mixture, solved by bisection to 1e-6 of the predictive std.
+        """
+        check_open_unit_interval("level", level)
+        alpha = (1 - level) / 2
+        return self.quantile(alpha), self.quantile(1 - alpha)
+
+    def quantile(self, q: float) -> torch.Tensor:
+        """Quantile ``q`` of the predictive mixture at each point, ``(batch[, dim])``."""
+        check_open_unit_interval("q", q)
+        loc = self.loc_samples
+        scale = self.scale_samples.expand_as(loc)
+        component = dist.Normal(loc, scale)
+        z = abs(dist.Normal(0.0, 1.0).icdf(torch.tensor(min(q, 1 - q) / loc.shape[0])).item())
+        low = (loc - (z + 1) * scale).min(0).values
+        high = (loc + (z + 1) * scale).max(0).values
+        tolerance = 1e-6 * self.std.clamp_min(1e-12)
+        for _ in range(100):
+            mid = (low + high) / 2
+            below = component.cdf(mid.unsqueeze(0)).mean(0) < q
+            low = torch.where(below, mid, low)
+            high = torch.where(below, high, mid)
+            if bool(((high - low) <= tolerance).all()):
+                break
+        return (low + high) / 2
+
+    def log_likelihood(self, y: torch.Tensor) -> float:
+        """Mean log predictive density of ``y`` per point, from the mixture (nats)."""
+        return metrics.gaussian_log_likelihood(self.loc_samples, self.scale_samples, y)
+
+    def unstandardize(
+        self, mean: torch.Tensor | float, std: torch.Tensor | float
+    ) -> RegressionPrediction:
+        """The prediction in original units, for a model trained on ``(y - mean) / std``.
+
+        Args:
+            mean: Training-target mean (target units), scalar or ``(dim,)``.
+            std: Training-target std, positive, scalar or ``(dim,)``.
+
+        Returns:
+            A new prediction whose samples, means and scales are in target units.
+        """
+        std = torch.as_tensor(std, dtype=self.loc_samples.dtype, device=self.loc_samples.device)
+        if (std <= 0).any():
+            raise ValueError(f"std must be positive, got {std}")
+        return replace(
+            self,
+            samples=self.samples * std + mean,
+            loc_samples=self.loc_samples * std + mean,
+            scale_samples=self.scale_samples * std,
+        )
+
+
+@dataclass(frozen=True)
+class ClassificationPrediction(Prediction):
+    """The predictive of a Categorical or Bernoulli likelihood.
+
+    Attributes:
+        samples: Draws of the labels, ``(num_samples, batch[, dim])``.
+        probs_samples: Class probabilities under each weight sample: ``(num_samples, batch,
+            classes)`` for Categorical, ``(num_samples, batch[, dim])`` of p(y=1) for
+            Bernoulli.
+        binary: Whether probabilities are Bernoulli p(y=1).
+    """
+
+    probs_samples: torch.Tensor
+    binary: bool = False
+
+    @property
+    def probs(self) -> torch.Tensor:
+        """Mean predictive probabilities, ``(batch, classes)`` or ``(batch[, dim])``."""
+        return self.probs_samples.mean(0)
+
+    @property
+    def predicted(self) -> torch.Tensor:
+        """The most probable label per point, ``(batch[, dim])``."""
+        return (self.probs > 0.5).long() if self.binary else self.probs.argmax(-1)
+
+    def _entropy(self, p: torch.Tensor) -> torch.Tensor:
+        if self.binary:
+            q = 1 - p
+            return -(torch.xlogy(p, p) + torch.xlogy(q, q))
+        return -torch.xlogy(p, p).sum(-1)
+
+    @property
+    def entropy(self) -> torch.Tensor:
+        r"""Predictive entropy :math:`\mathbb{H}[\bar p]`, the total (nats), ``(batch[, dim])``."""
+        return self._entropy(self.probs)
+
+    @property
+    def expected_entropy(self) -> torch.Tensor:
+        r""":math:`\mathbb{E}_s\,\mathbb{H}[p_s]`, the aleatoric part (nats), ``(batch[, dim])``."""
+        return self._entropy(self.probs_samples).mean(0)
+
+    @property
+    def mutual_information(self) -> torch.Tensor:
+        r""":math:`\mathbb{H}[\bar p] - \mathbb{E}_s\mathbb{H}[p_s]`, the epistemic part (nats)."""
+        return (self.entropy - self.expected_entropy).clamp_min(0)
+
+    def log_likelihood(self, y: torch.Tensor) -> float:
+        r"""Mean log predictive probability of the labels ``y`` per point (nats).
+
+        :math:`\frac1N\sum_i \log \frac1S \sum_s p(y_i \mid w_s)`, where for multi-label
+        Bernoulli targets ``(batch, dim)`` the labels of one point are joint under each
+        sample (a product over ``dim``), not averaged separately.
+        """
+        if self.binary:
+            probs = self.probs_samples.clamp(1e-12, 1 - 1e-12)
+            y = y.to(probs.dtype).expand_as(probs)
+            log_p = torch.xlogy(y, probs) + torch.xlogy(1 - y, 1 - probs)
+            log_p = log_p.reshape(*log_p.shape[:2], -1).sum(-1)
+        else:
+            index = y.long().reshape(1, -1, 1).expand(self.num_samples, -1, 1)
+            log_p = self.probs_samples.clamp_min(1e-12).log().gather(-1, index).squeeze(-1)
+        return metrics.log_likelihood(log_p)
+
+
+@torch.no_grad()
+def predict(
+    model,
+    guide,
+    x: torch.Tensor,
+    *,
+    num_samples: int = 100,
+    reparam: str | None = None,
+    batch_size: int | None = None,
+    seed: int | None = None,
+) -> RegressionPrediction | ClassificationPrediction:
+    """Monte Carlo predictive distribution at ``x``, vectorised over weight samples.
+
+    The guide is drawn once, ``num_samples`` times in one pass; the model is replayed on
+    those weights for each chunk of ``x`` (so chunks share the same weight samples).
+
+    Args:
+        model: A :class:`~pyro_bbb.BNN`.
+        guide: A trained guide for it (any Pyro guide).
+        x: Inputs ``(batch, *features)`` on the model's device.
+        num_samples: ``S``, weight samples (30–100 is typical).
+        reparam: ``None``, ``"local"`` or ``"flipout"``: the estimator to predict with. Under
+            ``"local"`` each point gets its own weight draw, so samples are not joint
+            functions across points; for MLPs the marginal predictive per point is the same,
+            for conv nets it is approximate (see :mod:`pyro_bbb.infer.reparam`). ``None`` is exact.
+        batch_size: Evaluate ``x`` in chunks of this many rows to bound memory.
+        seed: Seed for Pyro and torch.
+
+    Returns:
+        A :class:`RegressionPrediction` or :class:`ClassificationPrediction`.
+    """
+    check_int("num_samples", num_samples)
+    check_int("batch_size", batch_size, optional=True)
+    if seed is not None:
+        pyro.set_rng_seed(seed)
+    nesting = getattr(model, "max_plate_nesting", 1)
+    plate = pyro.plate("predictive_samples", num_samples, dim=-(nesting + 1))
+    chunks = [x] if batch_size is None else list(torch.split(x, batch_size))
+    parts: list[dist.TorchDistribution] = []
+    draws: list[torch.Tensor] = []
+    with estimator(reparam)():
+        guide_trace = poutine.trace(plate(guide)).get_trace(x)
+        for chunk in chunks:
+            trace = poutine.trace(poutine.replay(plate(model), trace=guide_trace)).get_trace(chunk)
+            site = trace.nodes[getattr(model, "observation_site", "obs")]
+            parts.append(site["fn"])
+            draws.append(site["value"])
+    return _summarise(parts, draws, num_samples)
+
+
+def _summarise(parts, draws, num_samples):
+    """Concatenate the chunks' per-sample distributions and build the prediction."""
+    fn = parts[0]
+    event_dim = fn.event_dim
+    dim = -1 - event_dim  # the data dim
+    bases = [getattr(part, "base_dist", part) for part in parts]
+
+    def gather(name: str, along: int = dim, event: int = event_dim) -> torch.Tensor:
+        """A parameter of every chunk, expanded and concatenated: ``(S, batch, *event)``."""
+        values = []
+        for base in bases:
+            value = getattr(base, name)
+            values.append(value.expand(*base.batch_shape, *value.shape[len(base.batch_shape) :]))
+        return _samples_first(torch.cat(values, dim=along), num_samples, event)
+
+    samples = _samples_first(torch.cat(draws, dim=dim), num_samples, event_dim)
+    if isinstance(bases[0], dist.Normal):
+        return RegressionPrediction(
+            samples=samples, loc_samples=gather("loc"), scale_samples=gather("scale")
+        )
+    if isinstance(bases[0], dist.Categorical):
+        return ClassificationPrediction(samples=samples, probs_samples=gather("probs", -2, 1))
+    if isinstance(bases[0], dist.Bernoulli):
+        return ClassificationPrediction(samples=samples, probs_samples=gather("probs"), binary=True)
+    raise NotImplementedError(
+        "predict summarises Normal, Categorical and Bernoulli likelihoods, got "
+        f"{type(bases[0]).__name__}"
+    )
+
+
+def _samples_first(t: torch.Tensor, num_samples: int, event_dim: int) -> torch.Tensor:
+    """``(S, 1, ..., batch, *event)`` or ``(batch, *event)`` → ``(S, batch, *event)``."""
+    batch_and_event = t.shape[t.dim() - 1 - event_dim :]
+    return t.reshape(-1, *batch_and_event).expand(num_samples, *batch_and_event)

@@ -1,0 +1,26 @@
+"""Bayesian networks: layers whose weights are Pyro sample sites, and how to build them.
+
+* :mod:`~pyro_bbb.nn.affine`: the affine maps (Linear, Conv2d) that accept weights with
+  leading sample dims, and the effectful op :func:`bayesian_affine` that estimators intercept;
+* :mod:`~pyro_bbb.nn.layers`: :class:`BayesianAffine`, one layer class for both maps, and
+  :func:`initial_values`;
+* :mod:`~pyro_bbb.nn.builders`: :func:`bayesianize` any ``nn.Module``, or build an
+  :func:`mlp` in one call.
+
+Nothing in this package knows of guides, training or evaluation.
+"""
+
+from .affine import AffineMap, Conv2dMap, LinearMap, bayesian_affine
+from .builders import bayesianize, mlp
+from .layers import BayesianAffine, initial_values
+
+__all__ = [
+    "AffineMap",
+    "BayesianAffine",
+    "Conv2dMap",
+    "LinearMap",
+    "bayesian_affine",
+    "bayesianize",
+    "initial_values",
+    "mlp",
+]

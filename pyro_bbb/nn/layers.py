@@ -1,0 +1,235 @@
+"""The Bayesian layer: :class:`BayesianAffine`, one class for Linear and Conv2d alike.
+
+This module holds the layer whose weight and bias are Pyro sample sites, the versions of
+4-D-only torch layers (pooling, 2-D normalisation) that accept leading sample dims, and
+:func:`initial_values`, which reads the layers' initial weights. The layer applies its
+weights through :func:`~pyro_bbb.nn.affine.bayesian_affine`, the effect that estimators such
+as local reparameterisation intercept. How networks are converted is in
+:mod:`pyro_bbb.nn.builders`. Nothing here knows of guides or training.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+import pyro.distributions as dist
+import torch
+from pyro.nn import PyroModule, PyroSample
+from torch import nn
+
+from ..priors import PriorSpec
+from .affine import AffineMap, Conv2dMap, bayesian_affine
+
+__all__ = ["BayesianAffine", "fold_sample_dims", "initial_values"]
+
+
+class _SitePrior:
+    """The prior of one parameter of a layer, built on the layer's device when called.
+
+    A class rather than a lambda so that Bayesian networks pickle (checkpoints, spawned
+    MCMC workers).
+    """
+
+    def __init__(self, param: str) -> None:
+        self.param = param
+
+    def __call__(self, layer: BayesianAffine) -> dist.TorchDistribution:
+        return layer.prior_distribution(self.param)
+
+
+class BayesianAffine(PyroModule):
+    r"""A layer :math:`x \mapsto x \circledast W + b` whose weight and bias are Pyro sites.
+
+    Built from an ``nn.Linear`` or ``nn.Conv2d`` by :func:`bayesianize` (or directly), it
+    keeps that layer's initial values as the default means of a guide
+    (:func:`initial_values`). Each Bayesian parameter is a
+    :class:`~pyro.nn.PyroSample` whose prior is created on the device of the layer (once
+    per device and dtype for a ``cacheable`` prior), so ``.to(device)`` is all it takes to
+    move it.
+
+    Weights may carry leading sample dims (``(P, 1, out, in)`` under a particle plate), so
+    ``Predictive(parallel=True)`` and vectorised ELBO particles work; see
+    :mod:`pyro_bbb.nn.affine` for the shape rules.
+
+    Args:
+        affine: The map to apply (:class:`~pyro_bbb.nn.affine.LinearMap` or
+            :class:`~pyro_bbb.nn.affine.Conv2dMap`).
+        weight: Initial weight, ``(out, in)`` or ``(out, in / groups, kh, kw)``.
+        bias: Initial bias ``(out,)`` or ``None``.
+        priors: Prior per parameter name (``"weight"``, ``"bias"``); a parameter missing
+            from it stays a deterministic ``nn.Parameter``.
+    """
+
+    def __init__(
+        self,
+        affine: AffineMap,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        priors: Mapping[str, PriorSpec],
+    ) -> None:
+        super().__init__()
+        self.affine = affine
+        self.priors = dict(priors)
+        self.fan_in = int(weight[0].numel())
+        for name, value in (("weight", weight), ("bias", bias)):
+            if value is None:
+                setattr(self, name, None)
+            elif name in self.priors:
+                # The module's own initialisation: the default guide mean.
+                self.register_buffer(f"{name}_init", value.detach().clone(), persistent=False)
+                setattr(self, name, PyroSample(_SitePrior(name)))
+            else:
+                setattr(self, name, nn.Parameter(value.detach().clone()))
+
+    @property
+    def bayesian_parameters(self) -> tuple[str, ...]:
+        """Names of the parameters that are sample sites (``"weight"``, ``"bias"``)."""
+        return tuple(self.priors)
+
+    def prior_distribution(self, param: str) -> dist.TorchDistribution:
+        """The prior of ``param`` on this layer's device; event shape = the parameter's.
+
+        Built once per prior, device and dtype when the prior is ``cacheable`` (see
+        :mod:`pyro_bbb.priors`), otherwise on every call.
+        """
+        init = self._buffers[f"{param}_init"]
+        prior = self.priors[param]
+        key = (prior, init.device, init.dtype)
+        cache = self.__dict__.setdefault("_prior_cache", {})
+        cached = cache.get(param)
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        distribution = prior.site_distribution(
+            init.shape, fan_in=self.fan_in, device=init.device, dtype=init.dtype
+        )
+        if getattr(prior, "cacheable", False):
+            cache[param] = (key, distribution)
+        return distribution
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Apply the layer.
+
+        Args:
+            x: Input ``(*sample, batch, *in_features)``.
+
+        Returns:
+            Pre-activation ``(*sample, batch, *out_features)``.
+        """
+        self._check_features(x)
+        weight_site, bias_site = self._site_names()
+        return bayesian_affine(
+            x,
+            self.weight,
+            self.bias,
+            affine=self.affine,
+            weight_site=weight_site,
+            bias_site=bias_site,
+        )
+
+    def _check_features(self, x: torch.Tensor) -> None:
+        expected = self._expected_features()
+        got = x.shape[x.dim() - len(expected) :]
+        if len(got) != len(expected) or any(
+            e is not None and e != g for e, g in zip(expected, got, strict=True)
+        ):
+            raise ValueError(
+                f"{type(self).__name__} {self._pyro_name or '(root)'!r} expects input "
+                f"features {tuple(expected)} in its last dims, got x of shape {tuple(x.shape)}"
+            )
+
+    def _site_names(self) -> tuple[str | None, str | None]:
+        """The full site names of weight and bias (``None`` if deterministic), cached.
+
+        A name depends on where the layer sits in its network, so the cache is keyed by
+        the layer's own Pyro name.
+        """
+        prefix = self.__dict__.get("_pyro_name")
+        cached = self.__dict__.get("_site_name_cache")
+        if cached is None or cached[0] != prefix:
+            names = tuple(
+                self._pyro_get_fullname(name) if name in self.priors else None
+                for name in ("weight", "bias")
+            )
+            cached = (prefix, names)
+            self.__dict__["_site_name_cache"] = cached
+        return cached[1]
+
+    def _expected_features(self) -> tuple[int | None, ...]:
+        shape = self._parameter_shape("weight")
+        if isinstance(self.affine, Conv2dMap):
+            return (shape[1] * self.affine.groups, None, None)
+        return (shape[1],)
+
+    def _parameter_shape(self, name: str) -> torch.Size:
+        if name in self.priors:
+            return getattr(self, f"{name}_init").shape
+        return self._parameters[name].shape
+
+    def extra_repr(self) -> str:  # noqa: D102
+        shape = tuple(self._parameter_shape("weight"))
+        priors = ", ".join(f"{k}={v!r}" for k, v in self.priors.items())
+        return f"{type(self.affine).__name__}, weight={shape}, {priors}"
+
+
+def _folding_forward(base: type[nn.Module]) -> Callable:
+    def forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+        lead = x.shape[:-3]
+        out = base.forward(self, x.reshape(-1, *x.shape[-3:]), *args, **kwargs)
+        return out.reshape(*lead, *out.shape[1:])
+
+    forward.__doc__ = f"{base.__name__}.forward over inputs with leading sample dims."
+    return forward
+
+
+#: Layers that accept only ``(batch, channels, height, width)``, and their versions that fold
+#: leading sample dims into the batch. Module-level classes, so the networks pickle.
+_SAMPLE_FOLDING: dict[type[nn.Module], type[nn.Module]] = {}
+for _base in (
+    nn.MaxPool2d,
+    nn.AvgPool2d,
+    nn.AdaptiveMaxPool2d,
+    nn.AdaptiveAvgPool2d,
+    nn.LPPool2d,
+    nn.BatchNorm2d,
+    nn.InstanceNorm2d,
+    nn.Dropout2d,
+):
+    _name = f"SampleFolding{_base.__name__}"
+    _SAMPLE_FOLDING[_base] = globals()[_name] = type(
+        _name,
+        (_base,),
+        {
+            "forward": _folding_forward(_base),
+            "__module__": __name__,
+            "__doc__": f"``{_base.__name__}`` for inputs ``(*sample, batch, C, H, W)``.",
+        },
+    )
+
+
+def fold_sample_dims(module: nn.Module) -> None:
+    """Let 4-D-only layers take inputs with sample dims, by class swap (names unchanged)."""
+    for child in module.modules():
+        folding = _SAMPLE_FOLDING.get(type(child))
+        if folding is not None:
+            child.__class__ = folding
+
+
+def initial_values(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The initial value of every Bayesian parameter, by site name.
+
+    These are the values the network had when it was made Bayesian (its own initialisation
+    or pretrained weights), used as default guide means.
+
+    Args:
+        model: A network from :func:`bayesianize`/:func:`mlp`, or a model containing one.
+
+    Returns:
+        ``{site name: tensor of the parameter's shape}``, on the model's device.
+    """
+    values = {}
+    for module in model.modules():
+        if isinstance(module, BayesianAffine):
+            for param in module.bayesian_parameters:
+                site = f"{module._pyro_name}.{param}" if module._pyro_name else param
+                values[site] = getattr(module, f"{param}_init")
+    return values

@@ -1,0 +1,60 @@
+r"""Problems with known answers, shared by the tests: conjugate Bayesian linear regression.
+
+With :math:`y = \tilde X w + \varepsilon`, :math:`\varepsilon \sim \mathcal{N}(0, \sigma^2)`
+known, and prior :math:`w \sim \mathcal{N}(0, s^2 I)` (weights and bias), the posterior is
+:math:`\mathcal{N}(m, \Lambda^{-1})` with :math:`\Lambda = \tilde X^\top \tilde X/\sigma^2 +
+I/s^2` and :math:`m = \Lambda^{-1}\tilde X^\top y/\sigma^2`. The mean-field optimum has the
+exact means ``m`` and variances :math:`1/\Lambda_{ii}` (Bishop 2006, §10.1.2).
+"""
+
+from __future__ import annotations
+
+import torch
+
+import pyro_bbb as bbb
+from pyro_bbb.priors import Gaussian
+
+NOISE, PRIOR_SCALE = 0.5, 1.0
+
+
+def conjugate_problem(num_data=30, dim=3, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(num_data, dim, generator=g, dtype=torch.float64)
+    x[:, 1] += 0.8 * x[:, 0]  # correlated features: a posterior with real correlations
+    w = torch.tensor([1.0, -2.0, 0.5], dtype=torch.float64)
+    y = x @ w + 0.3 + NOISE * torch.randn(num_data, generator=g, dtype=torch.float64)
+    design = torch.cat([x, torch.ones(num_data, 1, dtype=torch.float64)], dim=1)
+    precision = (
+        design.T @ design / NOISE**2 + torch.eye(dim + 1, dtype=torch.float64) / PRIOR_SCALE**2
+    )
+    covariance = torch.linalg.inv(precision)
+    mean = covariance @ design.T @ y / NOISE**2
+    return x, y, mean, covariance, precision
+
+
+def linear_bnn(x):
+    net = bbb.mlp([x.shape[1], 1], prior=Gaussian(PRIOR_SCALE)).double()
+    return bbb.BNN(net, bbb.likelihoods.Gaussian(scale=NOISE).double(), num_data=len(x))
+
+
+def flat_posterior(guide):
+    """Means and variances of [w_1..w_d, b] from a guide's per-site posteriors."""
+    post = guide.posterior()
+    loc = torch.cat([post["0.weight"].mean.reshape(-1), post["0.bias"].mean.reshape(-1)])
+    var = torch.cat([post["0.weight"].variance.reshape(-1), post["0.bias"].variance.reshape(-1)])
+    return loc, var
+
+
+def exact_guide(model, x, y, mean, covariance, shrink=1.0):
+    """A network-block LowRankGuide whose q is N(mean, shrink² · covariance) exactly."""
+    guide = bbb.LowRankGuide(model, rank=len(mean), blocks="network", name=f"exact_{shrink}")
+    guide(x, y)
+    floor = 0.5 * float(torch.linalg.eigvalsh(covariance).min())
+    identity = torch.eye(len(mean), dtype=covariance.dtype)
+    with torch.no_grad():
+        guide.locs.network.copy_(mean)
+        sd = torch.full_like(mean, floor).sqrt() * shrink - guide.min_scale
+        guide.rhos.network.copy_(torch.log(torch.expm1(sd)))
+        guide.factors.network.copy_(torch.linalg.cholesky(covariance - floor * identity) * shrink)
+    assert torch.allclose(guide.covariance("network"), shrink**2 * covariance)
+    return guide

@@ -1,0 +1,27 @@
+"""What many tests share: the size of statistical checks and the CUDA marker."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+#: The repository's root (examples and scripts are run from here).
+REPO = Path(__file__).resolve().parent.parent
+
+#: The five UCI regression sets, if a checkout of the shared data lies beside the repository
+#: (``PYRO_BBB_UCI`` points elsewhere); tests that need them skip without them.
+UCI_ROOT = Path(os.environ.get("PYRO_BBB_UCI", REPO.parent / "shared" / "data" / "uci"))
+
+#: ``PYRO_BBB_FULL=1`` runs the slow statistical checks at full size; CI runs a short form.
+FULL = os.environ.get("PYRO_BBB_FULL", "") == "1"
+
+
+def scaled(short: int, full: int) -> int:
+    """A size for a statistical check: ``short`` in CI, ``full`` with ``PYRO_BBB_FULL=1``."""
+    return full if FULL else short
+
+
+requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

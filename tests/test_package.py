@@ -1,0 +1,66 @@
+"""The package's shape: no module shadowed by a name, one-way imports, a light import."""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+import subprocess
+import sys
+
+import pytest
+
+import pyro_bbb
+
+
+def _submodules() -> list[str]:
+    names = [
+        info.name
+        for info in pkgutil.walk_packages(pyro_bbb.__path__, "pyro_bbb.")
+        if not info.name.endswith("__main__")  # running it is the command line
+    ]
+    assert len(names) > 30  # the walk found the subpackages' modules too
+    return names
+
+
+@pytest.mark.parametrize("name", _submodules())
+def test_no_module_is_shadowed_by_a_name_in_its_package(name):
+    module = importlib.import_module(name)
+    package_name, _, leaf = name.rpartition(".")
+    package = importlib.import_module(package_name)
+    assert getattr(package, leaf) is module, (
+        f"{package_name}.{leaf} is {getattr(package, leaf)!r}, not the module {name}"
+    )
+
+
+def test_every_public_name_of_a_package_exists():
+    for name in ["pyro_bbb", *_submodules()]:
+        module = importlib.import_module(name)
+        missing = [n for n in getattr(module, "__all__", ()) if not hasattr(module, n)]
+        assert not missing, f"{name}.__all__ names missing attributes {missing}"
+
+
+def test_the_core_imports_without_matplotlib():
+    core = [
+        "pyro_bbb",
+        "pyro_bbb.infer",
+        "pyro_bbb.evaluation",
+        "pyro_bbb.data",
+        "pyro_bbb.bench",
+        "pyro_bbb.cli",
+        "pyro_bbb.plots",  # draws with matplotlib, imported on the first figure
+    ]
+    code = "import sys\n" + "".join(f"import {m}\n" for m in core)
+    code += "assert 'matplotlib' not in sys.modules, sorted(m for m in sys.modules if 'matpl' in m)"
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+
+
+def test_the_top_level_api_of_the_readme_is_there():
+    for name in (
+        "BNN", "mlp", "bayesianize", "MeanFieldGuide", "LowRankGuide", "fit", "predict",
+        "run_nuts", "to_inference_data", "psis_khat", "compare", "local_reparameterization",
+        "flipout", "priors", "likelihoods", "infer", "data", "metrics",
+    ):  # fmt: skip
+        assert hasattr(pyro_bbb, name), name
+    assert callable(pyro_bbb.predict) and callable(pyro_bbb.compare)
+    assert pyro_bbb.infer.predictive.RegressionPrediction is pyro_bbb.RegressionPrediction
