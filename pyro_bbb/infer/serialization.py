@@ -1,0 +1,403 @@
+"""Saving and loading a trained model and guide: :func:`save`, :func:`load` and their file.
+
+A file holds, by name, every parameter the model and guide use (the guide's variational
+parameters and the model's point estimates, named as in Pyro's param store, unconstrained),
+the modules' buffers, the shape of every latent site, and the shapes of the inputs the guide
+was set up with. :func:`load` rebuilds a fresh guide from those input shapes (one pass of
+model and guide on zeros, under a forked random state), so the user never has to run the
+guide first: Pyro creates a guide's parameters only on its first call, which is why loading
+a ``state_dict`` into a fresh autoguide fails with "Unexpected key(s)".
+
+Files are written atomically (:func:`write_atomic`: a temporary file in the same folder,
+fsync, ``os.replace``) and read with ``torch.load(weights_only=True)``, which unpickles
+tensors and plain containers only, so a file from elsewhere cannot run code. Every check
+(format, sites, parameters, shapes, dtypes) passes before the first value is copied: a
+mismatch leaves the model and guide as they were. :mod:`~pyro_bbb.infer.checkpoint` writes
+the same contents plus the training state; nothing here trains.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import uuid
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pyro.poutine as poutine
+import torch
+from torch import nn
+
+from ..nn import initial_values
+
+__all__ = ["load", "save"]
+
+#: The key that marks a file as ours; its value is the kind of file.
+FORMAT_KEY = "pyro_bbb"
+#: The kinds: a trained model (:func:`save`) and a fit checkpoint (a superset of it).
+MODEL, CHECKPOINT = "model", "checkpoint"
+#: The version of the layout, raised when it changes incompatibly.
+VERSION = 1
+
+PathLike = str | os.PathLike
+
+
+# ------------------------------------------------------------------------- public API
+def save(path: PathLike, model: Any, guide: Any) -> None:
+    """Save a trained guide and the model's point estimates to ``path``, atomically.
+
+    The file holds every parameter by its name in Pyro's param store (e.g.
+    ``MeanFieldGuide.locs.fc1.weight``, ``likelihood.scale``), the modules' buffers, the
+    latent sites' shapes and the input shapes the guide was set up with. A kill while
+    writing leaves any previous file at ``path`` intact.
+
+    Args:
+        path: The file to write (its folder must exist).
+        model: The model, e.g. a :class:`~pyro_bbb.BNN`.
+        guide: Its guide, already set up (trained, or called once): a
+            :class:`~pyro_bbb.MeanFieldGuide`, :class:`~pyro_bbb.LowRankGuide` or any Pyro
+            autoguide.
+
+    Raises:
+        TypeError: If ``guide`` is not a Pyro autoguide.
+        ValueError: If the guide has not been set up, or was set up with an argument
+            that cannot be stored (only tensors, numbers, strings and ``None`` can).
+    """
+    args, kwargs = _prototype_inputs(guide)
+    named = trace_params(model, guide, args, kwargs)
+    write_atomic(
+        path, {FORMAT_KEY: MODEL, "version": VERSION, **capture(model, guide, named, args, kwargs)}
+    )
+
+
+def load(path: PathLike, model: Any, guide: Any) -> None:
+    """Fill a freshly built model and guide with what :func:`save` wrote to ``path``.
+
+    ``model`` and ``guide`` must be built as the saved ones were (same architecture, guide
+    class and options, names); the guide need not have been called. It is set up by one pass
+    of model and guide on zero inputs of the saved shapes, which leaves the random state as
+    it was. A checkpoint written by ``fit(checkpoint=...)`` loads the same way.
+
+    Args:
+        path: A file written by :func:`save` or ``fit(checkpoint=...)``.
+        model: A fresh model of the saved architecture.
+        guide: A fresh guide for it, of the saved class.
+
+    Raises:
+        FileNotFoundError: If there is no file at ``path``.
+        ValueError: If the file is not ours or is truncated, or the model or guide differ
+            from the saved ones (naming the first mismatched site or parameter and both
+            shapes). Nothing is loaded then.
+        TypeError: If ``guide`` is not a Pyro autoguide.
+    """
+    _require_autoguide(guide)
+    payload = read_file(path, argument="path")
+    where = f"path={os.fspath(path)!r}"
+    _check_sites(payload["sites"], _layer_sites(model), where, complete=False)
+    args, kwargs = _rebuild_inputs(payload["inputs"], _device_of(model, guide))
+    try:
+        named = trace_params(model, guide, args, kwargs)
+    except (RuntimeError, ValueError) as error:
+        raise ValueError(
+            f"{where}: this model and guide cannot run on the saved input shapes "
+            f"{_shapes_of(args)}; were they built as the saved ones? ({error})"
+        ) from error
+    restore(payload, model, guide, named, where)
+
+
+# ------------------------------------------------------------------------ the file
+def write_atomic(path: PathLike, payload: Mapping[str, Any]) -> None:
+    """``torch.save`` ``payload`` to ``path`` so that a reader sees the old file or the new.
+
+    Writes a temporary file in the same folder, flushes and fsyncs it, renames it over
+    ``path`` with ``os.replace`` (atomic on POSIX and Windows), then fsyncs the folder so
+    that the rename survives a power cut. On any error the temporary file is removed.
+
+    Raises:
+        FileNotFoundError: If the folder of ``path`` does not exist.
+    """
+    path = Path(path)
+    folder = path.parent
+    if not folder.is_dir():
+        raise FileNotFoundError(
+            f"cannot write {str(path)!r}: folder {str(folder)!r} does not exist"
+        )
+    temporary = folder / f".{path.name}.{uuid.uuid4().hex[:12]}.tmp"
+    try:
+        with open(temporary, "xb") as file:
+            torch.save(dict(payload), file)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temporary)
+        raise
+    if os.name == "posix":  # a folder cannot be opened for fsync on Windows
+        descriptor = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(descriptor)
+        finally:
+            os.close(descriptor)
+
+
+def read_file(path: PathLike, *, argument: str, kind: str | None = None) -> dict[str, Any]:
+    """Read one of our files whole and check its format; tensors come to the CPU.
+
+    Args:
+        path: The file.
+        argument: The user's argument that named it, for errors (``"path"``, ``"resume"``).
+        kind: ``"checkpoint"`` to accept checkpoints only; ``None`` for either kind.
+
+    Raises:
+        FileNotFoundError: If there is no file at ``path``.
+        ValueError: If it is not ours, is truncated, is of a newer layout, or of the wrong
+            kind.
+    """
+    name = f"{argument}={os.fspath(path)!r}"
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{name}: no such file")
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:
+        reason = str(error).strip().splitlines()[0][:200] if str(error).strip() else ""
+        raise ValueError(
+            f"{name} cannot be read: it is not a file written by pyro_bbb.save or "
+            f"fit(checkpoint=...), or it is truncated ({type(error).__name__}: {reason})"
+        ) from error
+    if not isinstance(payload, dict) or payload.get(FORMAT_KEY) not in (MODEL, CHECKPOINT):
+        held = (
+            f"a dict with keys {sorted(map(str, payload))[:8]}"
+            if isinstance(payload, dict)
+            else f"a {type(payload).__name__}"
+        )
+        raise ValueError(
+            f"{name} is not a pyro_bbb file (it holds {held}); pyro_bbb reads files written "
+            "by pyro_bbb.save or fit(checkpoint=...)"
+        )
+    if not isinstance(payload.get("version"), int) or payload["version"] > VERSION:
+        raise ValueError(
+            f"{name} has layout version {payload.get('version')!r}; this pyro_bbb reads "
+            f"version {VERSION} and older: upgrade pyro_bbb"
+        )
+    if kind is not None and payload[FORMAT_KEY] != kind:
+        raise ValueError(
+            f"{name} holds a saved model (pyro_bbb.save), not a checkpoint of fit; "
+            "pyro_bbb.load fills a model and guide from it"
+        )
+    return payload
+
+
+# ---------------------------------------------------------- what a file holds, and back
+def trace_params(model, guide, args: tuple, kwargs: dict) -> dict[str, torch.Tensor]:
+    """Every parameter of one pass of guide and model, ``{param store name: unconstrained}``.
+
+    The pass sets up a guide that was never called; it runs without gradients and under a
+    forked random state, so it draws nothing from the caller's streams.
+    """
+    with (
+        torch.random.fork_rng(devices=_cuda_devices(model, guide)),
+        torch.no_grad(),
+        poutine.trace(param_only=True) as capture,
+    ):
+        guide_trace = poutine.trace(guide).get_trace(*args, **kwargs)
+        poutine.replay(model, trace=guide_trace)(*args, **kwargs)
+    return {name: site["value"].unconstrained() for name, site in capture.trace.nodes.items()}
+
+
+def capture(model, guide, named: Mapping[str, torch.Tensor], args: tuple, kwargs: dict) -> dict:
+    """The contents of a file: sites, parameters, buffers and the set-up's input shapes."""
+    return {
+        "sites": {name: list(shape) for name, shape in _latent_sites(guide).items()},
+        "params": {name: value.detach() for name, value in named.items()},
+        "buffers": {"model": _buffers(model), "guide": _buffers(guide)},
+        "inputs": {
+            "args": [_describe(a, f"argument {i}") for i, a in enumerate(args)],
+            "kwargs": {k: _describe(v, f"argument {k!r}") for k, v in kwargs.items()},
+        },
+    }
+
+
+def match(payload: Mapping, model, guide, named: Mapping[str, torch.Tensor], where: str) -> list:
+    """Check a file against model and guide; the ``(target, saved value)`` pairs to copy.
+
+    Raises:
+        ValueError: On the first mismatched site, parameter or buffer (its name and both
+            shapes, or both dtypes); ``where`` (e.g. ``"path='m.pt'"``) starts the message.
+    """
+    _check_sites(payload["sites"], _latent_sites(guide), where, complete=True)
+    pairs = _pairs("parameter", payload["params"], named, where)
+    for owner, module in (("model", model), ("guide", guide)):
+        saved = payload["buffers"].get(owner, {})
+        pairs += _pairs(f"{owner} buffer", saved, _buffers(module, detach=False), where)
+    return pairs
+
+
+@torch.no_grad()
+def restore(payload: Mapping, model, guide, named: Mapping[str, torch.Tensor], where: str) -> None:
+    """Check the file against model and guide (:func:`match`), then copy its values in place.
+
+    Raises:
+        ValueError: As :func:`match`, before anything is copied.
+    """
+    for target, value in match(payload, model, guide, named, where):
+        target.copy_(value)
+
+
+# --------------------------------------------------------------------------- helpers
+def _require_autoguide(guide) -> None:
+    if not hasattr(guide, "prototype_trace"):
+        raise TypeError(
+            "guide must be a Pyro autoguide (MeanFieldGuide, LowRankGuide, AutoNormal, ...), "
+            f"got {type(guide).__name__}; for a hand-written guide, save Pyro's param store "
+            "with pyro.get_param_store().save(path)"
+        )
+
+
+def _prototype_inputs(guide) -> tuple[tuple, dict]:
+    _require_autoguide(guide)
+    trace = guide.prototype_trace
+    if trace is None:
+        raise ValueError(
+            f"the {type(guide).__name__} has no parameters yet: fit it (or call it once with "
+            "the model's arguments) before saving"
+        )
+    inputs = trace.nodes["_INPUT"]
+    return tuple(inputs["args"]), dict(inputs["kwargs"])
+
+
+def _latent_sites(guide) -> dict[str, torch.Size]:
+    """Shapes of the model's global latent sites, from the guide's prototype trace."""
+    trace = getattr(guide, "prototype_trace", None)
+    if trace is None:
+        return {}
+    return {
+        name: site["value"].shape
+        for name, site in trace.iter_stochastic_nodes()
+        if not site["cond_indep_stack"]
+    }
+
+
+def _layer_sites(model) -> dict[str, torch.Size]:
+    """Shapes of the Bayesian layers' sites, read without running the model."""
+    if not isinstance(model, nn.Module):
+        return {}
+    return {name: value.shape for name, value in initial_values(model).items()}
+
+
+def _check_sites(
+    saved: Mapping[str, list], current: Mapping[str, torch.Size], where: str, *, complete: bool
+) -> None:
+    """The first site whose shape differs; with ``complete``, also one that a side lacks."""
+    for name, shape in saved.items():
+        if name in current and tuple(current[name]) != tuple(shape):
+            raise ValueError(
+                f"{where} holds a different architecture: site {name!r} has shape "
+                f"{tuple(shape)} there and {tuple(current[name])} in this model"
+            )
+        if name not in current and complete:
+            raise ValueError(
+                f"{where} holds a different architecture: site {name!r} (shape "
+                f"{tuple(shape)}) is not in this model, whose sites are {list(current)}"
+            )
+    extra = [name for name in current if name not in saved]
+    if extra and complete:
+        raise ValueError(
+            f"{where} holds a different architecture: this model's site {extra[0]!r} (shape "
+            f"{tuple(current[extra[0]])}) is not there; its sites are {list(saved)}"
+        )
+
+
+def _pairs(
+    what: str, saved: Mapping[str, torch.Tensor], current: Mapping[str, torch.Tensor], where: str
+) -> list:
+    """``(target, value)`` pairs to copy, after checking names, shapes and dtypes."""
+    missing = [name for name in current if name not in saved]
+    unknown = [name for name in saved if name not in current]
+    if missing or unknown:
+        detail = (
+            f"this model and guide have {what} {missing[0]!r}, which is not there"
+            if missing
+            else f"it has {what} {unknown[0]!r}, which this model and guide lack"
+        )
+        raise ValueError(
+            f"{where} does not match this model and guide: {detail} (a different "
+            "architecture, guide class, or guide or model name?)"
+        )
+    pairs = []
+    for name, target in current.items():
+        value = saved[name]
+        if value.shape != target.shape:
+            raise ValueError(
+                f"{where} holds a different architecture: {what} {name!r} has shape "
+                f"{tuple(value.shape)} there and {tuple(target.shape)} in this model"
+            )
+        if value.dtype != target.dtype:
+            raise ValueError(
+                f"{where}: {what} {name!r} is {value.dtype} there and {target.dtype} here; "
+                "build the model in the saved dtype (e.g. .double())"
+            )
+        pairs.append((target, value))
+    return pairs
+
+
+def _buffers(module, *, detach: bool = True) -> dict[str, torch.Tensor]:
+    """A module's persistent buffers (e.g. batch-norm statistics), by name."""
+    if not isinstance(module, nn.Module):
+        return {}
+    return {
+        name: value.detach() if detach else value
+        for name, value in module.state_dict(keep_vars=True).items()
+        if not isinstance(value, nn.Parameter)
+    }
+
+
+def _describe(value: object, what: str) -> dict:
+    """An input's shape and dtype (a tensor, with a batch of one row) or the value itself."""
+    if isinstance(value, torch.Tensor):
+        shape = [1, *value.shape[1:]] if value.dim() else []
+        return {"shape": shape, "dtype": str(value.dtype).removeprefix("torch.")}
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return {"value": value}
+    raise ValueError(
+        f"the guide was set up with {what} of type {type(value).__name__}, which cannot be "
+        "stored: set it up with tensors, numbers, strings or None"
+    )
+
+
+def _rebuild_inputs(spec: Mapping, device: torch.device) -> tuple[tuple, dict]:
+    def rebuild(entry: Mapping):
+        if "value" in entry:
+            return entry["value"]
+        return torch.zeros(entry["shape"], dtype=getattr(torch, entry["dtype"]), device=device)
+
+    return tuple(rebuild(e) for e in spec["args"]), {
+        k: rebuild(e) for k, e in spec["kwargs"].items()
+    }
+
+
+def _shapes_of(args: tuple) -> list:
+    return [tuple(a.shape) if isinstance(a, torch.Tensor) else a for a in args]
+
+
+def _device_of(*modules) -> torch.device:
+    for module in modules:
+        device = getattr(module, "device", None)
+        if isinstance(device, torch.device):
+            return device
+        if isinstance(module, nn.Module):
+            for tensor in (*module.parameters(), *module.buffers()):
+                return tensor.device
+    return torch.device("cpu")
+
+
+def _cuda_devices(*modules) -> list[torch.device]:
+    devices = {
+        t.device
+        for module in modules
+        if isinstance(module, nn.Module)
+        for t in (*module.parameters(), *module.buffers())
+        if t.device.type == "cuda"
+    }
+    return sorted(devices, key=lambda d: d.index or 0)
