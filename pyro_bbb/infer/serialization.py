@@ -99,9 +99,10 @@ def load(path: PathLike, model: Any, guide: Any) -> None:
     try:
         named = trace_params(model, guide, args, kwargs)
     except (RuntimeError, ValueError) as error:
+        first_line = str(error).strip().splitlines()[0] if str(error).strip() else ""
         raise ValueError(
             f"{where}: this model and guide cannot run on the saved input shapes "
-            f"{_shapes_of(args)}; were they built as the saved ones? ({error})"
+            f"{_shapes_of(args)}; were they built as the saved ones? ({first_line})"
         ) from error
     restore(payload, model, guide, named, where)
 
@@ -209,7 +210,7 @@ def trace_params(model, guide, args: tuple, kwargs: dict) -> dict[str, torch.Ten
 def capture(model, guide, named: Mapping[str, torch.Tensor], args: tuple, kwargs: dict) -> dict:
     """The contents of a file: sites, parameters, buffers and the set-up's input shapes."""
     return {
-        "sites": {name: list(shape) for name, shape in _latent_sites(guide).items()},
+        "sites": {name: _site_entry(value) for name, value in _latent_sites(guide).items()},
         "params": {name: value.detach() for name, value in named.items()},
         "buffers": {"model": _buffers(model), "guide": _buffers(guide)},
         "inputs": {
@@ -267,46 +268,59 @@ def _prototype_inputs(guide) -> tuple[tuple, dict]:
     return tuple(inputs["args"]), dict(inputs["kwargs"])
 
 
-def _latent_sites(guide) -> dict[str, torch.Size]:
-    """Shapes of the model's global latent sites, from the guide's prototype trace."""
+def _latent_sites(guide) -> dict[str, torch.Tensor]:
+    """The model's global latent sites, from the guide's prototype trace (their values)."""
     trace = getattr(guide, "prototype_trace", None)
     if trace is None:
         return {}
     return {
-        name: site["value"].shape
+        name: site["value"]
         for name, site in trace.iter_stochastic_nodes()
         if not site["cond_indep_stack"]
     }
 
 
-def _layer_sites(model) -> dict[str, torch.Size]:
-    """Shapes of the Bayesian layers' sites, read without running the model."""
-    if not isinstance(model, nn.Module):
-        return {}
-    return {name: value.shape for name, value in initial_values(model).items()}
+def _layer_sites(model) -> dict[str, torch.Tensor]:
+    """The Bayesian layers' sites (their initial values), read without running the model."""
+    return initial_values(model) if isinstance(model, nn.Module) else {}
+
+
+def _site_entry(value: torch.Tensor) -> dict:
+    return {"shape": list(value.shape), "dtype": _dtype_name(value.dtype)}
 
 
 def _check_sites(
-    saved: Mapping[str, list], current: Mapping[str, torch.Size], where: str, *, complete: bool
+    saved: Mapping[str, dict], current: Mapping[str, torch.Tensor], where: str, *, complete: bool
 ) -> None:
-    """The first site whose shape differs; with ``complete``, also one that a side lacks."""
-    for name, shape in saved.items():
-        if name in current and tuple(current[name]) != tuple(shape):
+    """The first site whose shape or dtype differs; with ``complete``, one that a side lacks."""
+    for name, entry in saved.items():
+        shape = tuple(entry["shape"])
+        if name in current and tuple(current[name].shape) != shape:
             raise ValueError(
                 f"{where} holds a different architecture: site {name!r} has shape "
-                f"{tuple(shape)} there and {tuple(current[name])} in this model"
+                f"{shape} there and {tuple(current[name].shape)} in this model"
+            )
+        if name in current and _dtype_name(current[name].dtype) != entry["dtype"]:
+            raise ValueError(
+                f"{where}: site {name!r} is {entry['dtype']} there and "
+                f"{_dtype_name(current[name].dtype)} in this model; build the model in the "
+                "saved dtype (e.g. .double())"
             )
         if name not in current and complete:
             raise ValueError(
                 f"{where} holds a different architecture: site {name!r} (shape "
-                f"{tuple(shape)}) is not in this model, whose sites are {list(current)}"
+                f"{shape}) is not in this model, whose sites are {list(current)}"
             )
     extra = [name for name in current if name not in saved]
     if extra and complete:
         raise ValueError(
             f"{where} holds a different architecture: this model's site {extra[0]!r} (shape "
-            f"{tuple(current[extra[0]])}) is not there; its sites are {list(saved)}"
+            f"{tuple(current[extra[0]].shape)}) is not there; its sites are {list(saved)}"
         )
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
 
 
 def _pairs(
@@ -335,8 +349,9 @@ def _pairs(
             )
         if value.dtype != target.dtype:
             raise ValueError(
-                f"{where}: {what} {name!r} is {value.dtype} there and {target.dtype} here; "
-                "build the model in the saved dtype (e.g. .double())"
+                f"{where}: {what} {name!r} is {_dtype_name(value.dtype)} there and "
+                f"{_dtype_name(target.dtype)} in this model; build the model in the saved "
+                "dtype (e.g. .double())"
             )
         pairs.append((target, value))
     return pairs
@@ -357,7 +372,7 @@ def _describe(value: object, what: str) -> dict:
     """An input's shape and dtype (a tensor, with a batch of one row) or the value itself."""
     if isinstance(value, torch.Tensor):
         shape = [1, *value.shape[1:]] if value.dim() else []
-        return {"shape": shape, "dtype": str(value.dtype).removeprefix("torch.")}
+        return {"shape": shape, "dtype": _dtype_name(value.dtype)}
     if value is None or isinstance(value, (bool, int, float, str)):
         return {"value": value}
     raise ValueError(
