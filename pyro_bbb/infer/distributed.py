@@ -71,14 +71,16 @@ class DataParallel:
         """The training device: a bare ``"cuda"`` becomes this process's GPU.
 
         Under ``torchrun`` every process on a machine would otherwise train on GPU 0;
-        ``"cuda"`` is read as ``cuda:LOCAL_RANK`` (made the current device, as NCCL's
-        collectives need). An explicit index, the CPU or ``None`` pass through.
+        ``"cuda"`` is read as ``cuda:LOCAL_RANK``. A CUDA device of a data-parallel fit is
+        made the current device, as NCCL's collectives need. The CPU or ``None`` pass
+        through.
         """
         if device is None:
             return None
         device = torch.device(device)
-        if self.active and device.type == "cuda" and device.index is None:
-            device = torch.device("cuda", self.local_rank)
+        if self.active and device.type == "cuda":
+            if device.index is None:
+                device = torch.device("cuda", self.local_rank)
             torch.cuda.set_device(device)
         return device
 

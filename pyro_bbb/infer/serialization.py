@@ -40,6 +40,13 @@ MODEL, CHECKPOINT = "model", "checkpoint"
 #: The version of the layout, raised when it changes incompatibly.
 VERSION = 1
 
+#: What each kind of file holds at least.
+_REQUIRED = {
+    MODEL: {"sites", "params", "buffers", "inputs"},
+    CHECKPOINT: {"sites", "params", "buffers", "inputs", "trainable", "optimizer_class",
+                 "optimizer", "history", "order_seed", "world_size", "rng"},
+}  # fmt: skip
+
 PathLike = str | os.PathLike
 
 
@@ -162,7 +169,8 @@ def read_file(path: PathLike, *, argument: str, kind: str | None = None) -> dict
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:
-        reason = str(error).strip().splitlines()[0][:200] if str(error).strip() else ""
+        text = str(error).strip()
+        reason = text.splitlines()[0].split(". ")[0][:200] if text else ""
         raise ValueError(
             f"{name} cannot be read: it is not a file written by pyro_bbb.save or "
             f"fit(checkpoint=...), or it is truncated ({type(error).__name__}: {reason})"
@@ -182,6 +190,11 @@ def read_file(path: PathLike, *, argument: str, kind: str | None = None) -> dict
             f"{name} has layout version {payload.get('version')!r}; this pyro_bbb reads "
             f"version {VERSION} and older: upgrade pyro_bbb"
         )
+    required = _REQUIRED[payload[FORMAT_KEY]]
+    if not required <= payload.keys() or not all(
+        isinstance(entry, dict) for entry in payload["sites"].values()
+    ):
+        raise ValueError(f"{name} is damaged: it lacks {sorted(required - payload.keys())}")
     if kind is not None and payload[FORMAT_KEY] != kind:
         raise ValueError(
             f"{name} holds a saved model (pyro_bbb.save), not a checkpoint of fit; "
@@ -330,11 +343,12 @@ def _pairs(
     missing = [name for name in current if name not in saved]
     unknown = [name for name in saved if name not in current]
     if missing or unknown:
-        detail = (
-            f"this model and guide have {what} {missing[0]!r}, which is not there"
-            if missing
-            else f"it has {what} {unknown[0]!r}, which this model and guide lack"
-        )
+        details = []
+        if missing:
+            details.append(f"this model and guide have {what} {missing[0]!r}, which it lacks")
+        if unknown:
+            details.append(f"it has {what} {unknown[0]!r}, which this model and guide lack")
+        detail = "; ".join(details)
         raise ValueError(
             f"{where} does not match this model and guide: {detail} (a different "
             "architecture, guide class, or guide or model name?)"

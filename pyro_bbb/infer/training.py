@@ -42,7 +42,10 @@ class Callback:
         """Called once, after the guide is set up and before the first step."""
 
     def on_after_backward(self, params: Sequence[torch.Tensor], step: int) -> None:
-        """Called between ``loss.backward()`` and ``optimizer.step()`` (e.g. all-reduce)."""
+        """Called between ``loss.backward()`` and ``optimizer.step()`` (e.g. to clip).
+
+        In a data-parallel fit the gradients are already averaged over processes here.
+        """
 
     def on_epoch_end(self, epoch: int, history: History) -> bool | None:
         """Called after each epoch's record is appended; return ``True`` to stop training."""

@@ -6,7 +6,8 @@ single-process reference with the same global batch. Each process saves what it 
 ``OUT/rank{rank}_of{world_size}.pt``:
 
 * ``map``: MAP (``AutoDelta``, a deterministic objective) with a batch of ``16 // W`` per
-  process for 3 epochs: the final parameters and History;
+  process for 3 epochs: the final parameters and History; ``map_loader``: the same from a
+  ``DataLoader`` with a ``DistributedSampler``;
 * ``mc``: a mean-field fit of conjugate linear regression whose optimiser does not move
   (SGD, lr 0), 300 steps on the process's whole share: the network is initialised
   differently on each process (fit must broadcast rank 0's), the guide records its draws
@@ -22,6 +23,7 @@ import pyro
 import torch
 import torch.distributed as dist
 from pyro.infer.autoguide import AutoDelta
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 import pyro_bbb as bbb
 
@@ -49,6 +51,16 @@ model = bbb.BNN(bbb.mlp([3, 8, 1]).double(), bbb.likelihoods.Gaussian().double()
 guide = AutoDelta(model)
 history = bbb.fit(model, guide, x, y, epochs=3, batch_size=16 // world_size, lr=0.01, seed=0)
 results["map"] = {"params": store(), "loss": history.loss, "steps": history.steps}
+
+# --- the same with a DataLoader that brings its DistributedSampler
+pyro.clear_param_store()
+model = bbb.BNN(bbb.mlp([3, 8, 1]).double(), bbb.likelihoods.Gaussian().double(), num_data=64)
+guide = AutoDelta(model)
+dataset = TensorDataset(x, y)
+sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, seed=0)
+loader = DataLoader(dataset, batch_size=16 // world_size, sampler=sampler)
+history = bbb.fit(model, guide, loader, epochs=3, lr=0.01, seed=0)
+results["map_loader"] = {"params": store(), "loss": history.loss, "steps": history.steps}
 
 
 # --- Monte Carlo gradients at fixed parameters

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from pyro_bbb.infer.distributed import DataParallel, data_parallel
 
-from ..support import REPO
+from ..support import REPO, requires_cuda
 
 SCRIPT = Path(__file__).with_name("ddp_script.py")
 TIMEOUT = 300  # seconds; the two processes need about 15 s on an idle 2-core machine
@@ -74,8 +74,18 @@ def test_map_on_two_processes_ends_where_one_process_with_twice_the_batch_does(r
     assert ddp["loss"] == pytest.approx(alone["loss"], rel=1e-5)
 
 
+def test_a_loader_with_a_distributed_sampler_takes_the_steps_of_one_process(runs):
+    # A DistributedSampler on two processes with batch 8 ends where one on one process with
+    # batch 16 ends: fit tells the samplers the epoch, so both reshuffle alike.
+    alone, ddp = runs["alone"]["map_loader"], runs["rank0"]["map_loader"]
+    assert ddp["steps"] == alone["steps"] == [4, 8, 12]
+    for name, value in alone["params"].items():
+        error = (ddp["params"][name] - value).abs().max() / value.abs().max()
+        assert error < 1e-5, name
+
+
 def test_every_process_ends_with_the_same_parameters_and_history(runs):
-    for part in ("map", "mc"):
+    for part in ("map", "map_loader", "mc"):
         zero, one = runs["rank0"][part], runs["rank1"][part]
         assert zero["loss"] == one["loss"]
         for name, value in zero["params"].items():
@@ -140,3 +150,63 @@ def test_resume_under_torchrun_equals_the_uninterrupted_fit_on_every_process(run
         assert resumed_loss == full_loss
         for name, value in full.items():
             assert torch.equal(resumed[name], value), (run, name)
+
+
+CUDA_SCRIPT = """
+import os
+import sys
+
+import pyro
+import torch
+import torch.distributed as dist
+
+import pyro_bbb as bbb
+
+dist.init_process_group()  # NCCL for CUDA tensors
+out = sys.argv[1]
+x = torch.randn(64, 3, generator=torch.Generator().manual_seed(0))
+y = x.sum(-1)
+
+
+def run(epochs, **options):
+    pyro.clear_param_store()
+    torch.manual_seed(0)
+    model = bbb.BNN(bbb.mlp([3, 8, 1]), bbb.likelihoods.Gaussian(), num_data=64)
+    guide = bbb.MeanFieldGuide(model)
+    history = bbb.fit(
+        model, guide, x, y, epochs=epochs, batch_size=8, seed=0, device="cuda", **options
+    )
+    devices = {str(v.device) for v in pyro.get_param_store().values()}
+    return {n: v.detach().cpu() for n, v in pyro.get_param_store().items()}, history.loss, devices
+
+
+path = os.path.join(out, "cuda.pt")
+full = run(4)
+run(2, checkpoint=path)
+resumed = run(4, resume=path)
+torch.save({"full": full, "resumed": resumed}, os.path.join(out, f"cuda{dist.get_rank()}.pt"))
+dist.destroy_process_group()
+"""
+
+
+@requires_cuda
+def test_nccl_on_every_gpu_trains_each_process_on_its_own_and_resumes(tmp_path):
+    processes = min(2, torch.cuda.device_count())
+    script = tmp_path / "cuda_script.py"
+    script.write_text(CUDA_SCRIPT)
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    run = subprocess.run(
+        [*command, f"--nproc_per_node={processes}", str(script), str(tmp_path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    for rank in range(processes):
+        result = torch.load(tmp_path / f"cuda{rank}.pt", weights_only=False)
+        (full, full_loss, devices), (resumed, resumed_loss, _) = result["full"], result["resumed"]
+        assert devices == {f"cuda:{rank}"}
+        assert resumed_loss == pytest.approx(full_loss, rel=1e-6)
+        for name, value in full.items():
+            assert torch.allclose(resumed[name], value, rtol=1e-6, atol=1e-7), name
