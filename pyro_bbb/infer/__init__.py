@@ -11,7 +11,7 @@
   training on ``torch.distributed``; :mod:`~pyro_bbb.infer.checkpoint`: fit's checkpoints
   and resuming;
 * :mod:`~pyro_bbb.infer.serialization`: :func:`save` and :func:`load` of a trained model
-  and guide;
+  and guide, in the files of :mod:`~pyro_bbb.infer.files` (atomic write, safe read);
 * :mod:`~pyro_bbb.infer.predictive`: :func:`predict` and its summaries;
 * :mod:`~pyro_bbb.infer.mcmc`: :func:`run_nuts` on the same model.
 

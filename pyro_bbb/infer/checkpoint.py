@@ -13,7 +13,7 @@ have taken:
 * every random state: torch's (and CUDA's), Python's and NumPy's of each process, and the
   seed of the minibatch order (:func:`~pyro_bbb.infer.minibatches.epoch_order`).
 
-The file is written atomically by rank 0 (:func:`~pyro_bbb.infer.serialization.write_atomic`);
+The file is written atomically by rank 0 (:func:`~pyro_bbb.infer.files.write_atomic`);
 every process reads it to resume. Nothing here trains.
 """
 
@@ -29,8 +29,9 @@ import torch
 
 from .._validation import check_int
 from .distributed import DataParallel
+from .files import CHECKPOINT, read_file, write_atomic
 from .history import History
-from .serialization import CHECKPOINT, FORMAT_KEY, VERSION, capture, match, read_file, write_atomic
+from .serialization import capture, match
 
 __all__ = ["Checkpointing", "FitState", "get_rng_state", "set_rng_state"]
 
@@ -177,8 +178,6 @@ class Checkpointing:
     def _write(self, state: FitState, world_size: int, rng: list) -> None:
         history = {"num_data": state.history.num_data, **state.history.as_dict()}
         payload = {
-            FORMAT_KEY: CHECKPOINT,
-            "version": VERSION,
             **capture(state.model, state.guide, state.named, state.inputs, {}),
             "trainable": state.trainable_names(),
             "optimizer_class": type(state.optimizer).__name__,
@@ -188,7 +187,7 @@ class Checkpointing:
             "world_size": world_size,
             "rng": rng,
         }
-        write_atomic(self.path, payload)
+        write_atomic(self.path, CHECKPOINT, payload)
 
 
 def get_rng_state() -> dict[str, Any]:

@@ -11,7 +11,7 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 import pyro_bbb as bbb
-from pyro_bbb.infer import LinearWarmup, serialization
+from pyro_bbb.infer import LinearWarmup, files
 from pyro_bbb.infer.checkpoint import get_rng_state, set_rng_state
 
 N = 48
@@ -88,16 +88,16 @@ def test_resume_and_checkpoint_may_name_the_same_file(tmp_path):
     _fit(*_fresh(), 2, checkpoint=path)
     history = _fit(*_fresh(), 4, checkpoint=path, resume=path)
     assert len(history) == 4
-    assert len(serialization.read_file(path, argument="path")["history"]["loss"]) == 4
+    assert len(files.read_file(path, argument="path")["history"]["loss"]) == 4
 
 
 def test_checkpoints_are_written_every_k_epochs_and_at_the_end(tmp_path, monkeypatch):
     written = []
-    original = serialization.write_atomic
+    original = files.write_atomic
 
-    def recording(path, payload):
+    def recording(path, kind, payload):
         written.append(len(payload["history"]["loss"]))
-        original(path, payload)
+        original(path, kind, payload)
 
     monkeypatch.setattr("pyro_bbb.infer.checkpoint.write_atomic", recording)
     _fit(*_fresh(), 5, checkpoint=tmp_path / "c.pt", checkpoint_every=2)
@@ -111,7 +111,7 @@ def test_a_callback_stopping_early_still_leaves_a_checkpoint_of_what_was_done(tm
 
     path = tmp_path / "c.pt"
     _fit(*_fresh(), 10, checkpoint=path, checkpoint_every=5, callbacks=[StopAfterTwo()])
-    assert len(serialization.read_file(path, argument="path")["history"]["loss"]) == 2
+    assert len(files.read_file(path, argument="path")["history"]["loss"]) == 2
 
 
 def test_resume_to_the_epochs_already_done_returns_the_history_without_a_step(tmp_path):
@@ -124,7 +124,7 @@ def test_resume_to_the_epochs_already_done_returns_the_history_without_a_step(tm
 def test_a_checkpoint_holds_every_state_a_resume_needs(tmp_path):
     path = tmp_path / "c.pt"
     _fit(*_fresh(), 2, checkpoint=path)
-    payload = serialization.read_file(path, argument="path", kind="checkpoint")
+    payload = files.read_file(path, argument="path", kind="checkpoint")
     assert payload["pyro_bbb"] == "checkpoint"
     assert {"MeanFieldGuide.locs.0.weight", "likelihood.scale"} <= payload["params"].keys()
     assert payload["optimizer_class"] == "Adam" and payload["optimizer"]["state"]
@@ -136,7 +136,7 @@ def test_a_checkpoint_holds_every_state_a_resume_needs(tmp_path):
 def test_random_states_round_trip_through_a_weights_only_file(tmp_path):
     torch.manual_seed(5), random.seed(5), np.random.seed(5)
     np.random.standard_normal()  # leaves a cached Gaussian in NumPy's state
-    serialization.write_atomic(tmp_path / "rng.pt", {"rng": get_rng_state()})
+    files.write_atomic(tmp_path / "rng.pt", "checkpoint", {"rng": get_rng_state()})
     expected = (torch.rand(3), random.random(), np.random.standard_normal(2))
     torch.manual_seed(0), random.seed(0), np.random.seed(0)
     set_rng_state(torch.load(tmp_path / "rng.pt", weights_only=True)["rng"])
@@ -154,7 +154,7 @@ def test_a_write_that_fails_midway_leaves_the_previous_checkpoint_intact(tmp_pat
         file.write(b"PK\x03\x04 half a zip")  # what a process killed mid-write leaves
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("pyro_bbb.infer.serialization.torch.save", killed)
+    monkeypatch.setattr("pyro_bbb.infer.files.torch.save", killed)
     with pytest.raises(KeyboardInterrupt):
         _fit(*_fresh(), 4, checkpoint=path, resume=path)
     assert path.read_bytes() == before
