@@ -9,11 +9,15 @@
 * :mod:`~pyro_bbb.infer.training`: :func:`fit` (with :mod:`~pyro_bbb.infer.minibatches`
   and :mod:`~pyro_bbb.infer.history`);
 * :mod:`~pyro_bbb.infer.predictive`: :func:`predict` and its summaries;
+* :mod:`~pyro_bbb.infer.continual`: :class:`VCL`, variational continual learning over
+  ``fit`` (with :mod:`~pyro_bbb.infer.coresets`);
 * :mod:`~pyro_bbb.infer.mcmc`: :func:`run_nuts` on the same model.
 
 This package imports nothing of :mod:`pyro_bbb.evaluation`, the plots or the command line.
 """
 
+from .continual import VCL
+from .coresets import select_coreset
 from .elbo import AnnealedELBO, ELBOTerms
 from .guides import LowRankGuide, MeanFieldGuide
 from .history import History
@@ -31,6 +35,7 @@ from .schedules import (
 from .training import Callback, fit
 
 __all__ = [
+    "VCL",
     "AnnealedELBO",
     "BetaSchedule",
     "Callback",
@@ -53,4 +58,5 @@ __all__ = [
     "predict",
     "replay_nuts",
     "run_nuts",
+    "select_coreset",
 ]

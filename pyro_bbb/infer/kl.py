@@ -1,9 +1,12 @@
 r"""Closed-form KL divergences between the guides' Gaussians and Gaussian priors.
 
 This module holds the KL rules the ELBO uses: :func:`diagonal_normal_kl`, a fast path for
-diagonal Gaussians, and :func:`kl_low_rank_diagonal`, registered with
-``torch.distributions.register_kl`` for a low-rank-plus-diagonal Gaussian against a diagonal
-one. Both sides (guides and the ELBO) may import it; it imports neither.
+diagonal Gaussians, and, registered with ``torch.distributions.register_kl``,
+:func:`kl_low_rank_diagonal` (a low-rank-plus-diagonal Gaussian against a diagonal one) and
+:func:`kl_diagonal_low_rank` (a diagonal Gaussian against a low-rank-plus-diagonal one, such as
+a prior made from a low-rank guide). A low-rank Gaussian against another uses torch's own rule,
+which applies the same determinant lemma. Both sides (guides and the ELBO) may import this
+module; it imports neither.
 
 **Diagonal Gaussians.** ``torch.distributions.kl_divergence(Normal, Normal)`` evaluates
 
@@ -39,7 +42,7 @@ from torch.distributions import Distribution, Independent, Normal, register_kl
 
 from .._shapes import collapse_broadcast
 
-__all__ = ["diagonal_normal_kl", "kl_low_rank_diagonal"]
+__all__ = ["diagonal_normal_kl", "kl_diagonal_low_rank", "kl_low_rank_diagonal"]
 
 _NORMALS = (Normal, dist.Normal)
 
@@ -182,3 +185,52 @@ def kl_low_rank_diagonal(q: dist.LowRankMultivariateNormal, p: Independent) -> t
     log_det_q = diag.log().sum(-1) + 2 * capacitance_tril.diagonal(dim1=-2, dim2=-1).log().sum(-1)
     d = q.event_shape[-1]
     return 0.5 * (trace_term + mahalanobis - d + var.log().sum(-1) - log_det_q)
+
+
+@register_kl(Independent, dist.LowRankMultivariateNormal)
+def kl_diagonal_low_rank(q: Independent, p: dist.LowRankMultivariateNormal) -> torch.Tensor:
+    r"""KL divergence from a diagonal Gaussian to :math:`\mathcal{N}(\mu, D + VV^\top)`.
+
+    For :math:`q = \mathcal{N}(m, S)` with :math:`S` diagonal, the prior's capacitance
+    :math:`LL^\top = I_r + V^\top D^{-1} V` (factorised when the prior was built) and
+    :math:`A = L^{-1} V^\top D^{-1}`, Woodbury's identity gives
+    :math:`\Sigma_p^{-1} = D^{-1} - A^\top A`, so
+
+    .. math::
+
+        \mathrm{KL} = \tfrac12\Big[\sum_i \frac{S_i + \delta_i^2}{D_i}
+            - \lVert A S^{1/2} \rVert_F^2 - \lVert A\delta \rVert^2 - d
+            + \sum_i \log D_i + 2\sum_k \log L_{kk} - \sum_i \log S_i\Big],
+        \qquad \delta = m - \mu,
+
+    at cost :math:`O(d r)` per batch element and memory :math:`O(d r)`.
+
+    Args:
+        q: ``Normal(m, s).to_event(1)`` with event shape ``(d,)`` (a mean-field guide over a
+            block's sites, flattened).
+        p: Event shape ``(d,)``, rank ``r``.
+
+    Returns:
+        KL of the broadcast batch shape.
+
+    Raises:
+        NotImplementedError: If ``q`` is not a diagonal Normal over one event dim.
+    """
+    parts = _normal_and_event_dims(q)
+    if parts is None or parts[1] != 1:
+        raise NotImplementedError
+    base = parts[0]
+    m = collapse_broadcast(base.loc, 1)
+    s2 = collapse_broadcast(base.scale, 1).pow(2)
+    factor, diag = p._unbroadcasted_cov_factor, p._unbroadcasted_cov_diag
+    tril = p._capacitance_tril
+    a = torch.linalg.solve_triangular(tril, factor.mT / diag.unsqueeze(-2), upper=False)
+    delta = m - p.loc
+    trace = (s2 / diag).sum(-1) - (a.pow(2) @ s2.unsqueeze(-1)).squeeze(-1).sum(-1)
+    projected = (a @ delta.unsqueeze(-1)).squeeze(-1)
+    mahalanobis = (delta.pow(2) / diag).sum(-1) - projected.pow(2).sum(-1)
+    log_det_p = diag.log().sum(-1) + 2 * tril.diagonal(dim1=-2, dim2=-1).log().sum(-1)
+    d = p.event_shape[-1]
+    kl = 0.5 * (trace + mahalanobis - d + log_det_p - s2.log().sum(-1))
+    shape = torch.broadcast_shapes(q.batch_shape, p.batch_shape)
+    return kl.expand(shape) if kl.shape != shape else kl
