@@ -33,7 +33,7 @@ import pyro.poutine as poutine
 import torch
 from pyro.poutine.util import site_is_subsample
 
-from .._validation import check_int
+from .._validation import check_choice, check_int
 from ..model import BNN
 from ..nn import BayesianAffine, MultiHead
 from ..priors import PosteriorPrior, from_guide
@@ -102,9 +102,8 @@ class VCL:
         self._sites = _bayesian_sites(model.net)
         if not self._sites:
             raise TypeError("the model's network has no Bayesian layer")
-        if coreset is not None and coreset not in ("random", "k-center"):
-            raise ValueError(f"coreset must be None, 'random' or 'k-center', got {coreset!r}")
         if coreset is not None:
+            check_choice("coreset", coreset, ("random", "k-center"))
             check_int("coreset_size", coreset_size)
         elif coreset_size:
             raise ValueError("coreset_size needs a coreset method: coreset='random' or 'k-center'")
@@ -120,6 +119,7 @@ class VCL:
         self.guide = None
         #: One :class:`History` per task.
         self.histories: list[History] = []
+        #: The coresets held out so far: ``(x, y, head)`` per task.
         self.coresets: list[tuple[torch.Tensor, torch.Tensor, int | None]] = []
         self._fit_options: dict[str, Any] = {}
         self._finetuned: dict[int | None, Any] = {}
@@ -146,15 +146,18 @@ class VCL:
             The task's :class:`History`.
         """
         self._check_head(head)
+        coreset = None
         if self.coreset is not None:
             chosen, rest = select_coreset(
                 x, self.coreset_size, method=self.coreset, generator=self._generator
             )
-            self.coresets.append((x[chosen], y[chosen], head))
+            coreset = (x[chosen], y[chosen], head)
             x, y = x[rest], y[rest]
         model = self._model(head, len(x), carried=self.propagate)
         guide = self._guide(x, f"task{self.num_tasks}")
         history = fit(model, guide, x, y, **options)
+        if coreset is not None:
+            self.coresets.append(coreset)
         carried = from_guide(guide)
         previous = {} if self.posterior is None else dict(self.posterior)
         self.posterior = PosteriorPrior({**previous, **carried}, source=carried.source)
@@ -229,7 +232,7 @@ class VCL:
             del store[key]
         means = {} if self.posterior is None else self.posterior.means()
         with torch.no_grad(), torch.random.fork_rng(), poutine.block():
-            trace = poutine.trace(self.model).get_trace(x[:1])
+            trace = poutine.trace(self.model).get_trace(x[:1].to(self.model.device))
         observed = self.model.observation_site
         active = {n for n, _ in trace.iter_stochastic_nodes() if n != observed}
         init = {site: mean for site, mean in means.items() if site in active}

@@ -99,8 +99,9 @@ class BayesianAffine(PyroModule):
         prior = self.priors[param]
         joint = getattr(prior, "joint_sites", ())
         if joint:
+            prefix = self._joint_prefix(param, prior.site)
             context = self._pyro_context  # holds this run's draws, by full site name
-            drawn = {site: value for site in joint if (value := context.get(site)) is not None}
+            drawn = {s: v for s in joint if (v := context.get(prefix + s)) is not None}
             return prior.site_distribution(
                 init.shape, fan_in=self.fan_in, device=init.device, dtype=init.dtype, drawn=drawn
             )
@@ -115,6 +116,22 @@ class BayesianAffine(PyroModule):
         if getattr(prior, "cacheable", False):
             cache[param] = (key, distribution)
         return distribution
+
+    def _joint_prefix(self, param: str, site: str) -> str:
+        """The model's name prefix of a prior made for ``site`` (``"b."`` in a BNN named b).
+
+        A joint prior names its sites as the network it was made for did; in a model with a
+        name, the drawn values carry that name in front.
+        """
+        fullname = self._site_names()[("weight", "bias").index(param)]
+        if fullname == site:
+            return ""
+        if fullname.endswith("." + site):
+            return fullname[: len(fullname) - len(site)]
+        raise ValueError(
+            f"site {fullname!r} has the prior of site {site!r} (a joint prior from "
+            "from_guide): each site must keep the prior made for it"
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Apply the layer.
