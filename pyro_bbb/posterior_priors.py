@@ -178,6 +178,10 @@ def from_guide(guide: object) -> PosteriorPrior:
     Nguyen et al. 2018) and its scales at its own ``init_scale``, small by default, not at the
     posterior's.
 
+    The sites are named as the network names them, without the guide's model's name
+    (``"0.weight"`` for the site ``"a.0.weight"`` of ``BNN(..., name="a")``), so that the
+    prior goes to a network of any model.
+
     Args:
         guide: A trained :class:`~pyro_bbb.MeanFieldGuide` or :class:`~pyro_bbb.LowRankGuide`,
             Pyro's ``AutoNormal``, or any guide whose ``posterior()`` returns
@@ -198,18 +202,33 @@ def from_guide(guide: object) -> PosteriorPrior:
             f"from_guide: the {kind} has no parameters yet; train it with fit (or call it once "
             "with the model's arguments) before using its posterior as a prior"
         )
+    prefix = _model_prefix(guide)
     if hasattr(guide, "block_sites") and callable(getattr(guide, "posterior", None)):
-        priors = _from_blocks(guide.posterior(), guide.block_sites)
+        priors = _from_blocks(guide.posterior(), guide.block_sites, prefix)
     elif callable(getattr(guide, "posterior", None)):
-        priors = _from_marginals(guide.posterior())
+        priors = _from_marginals(guide.posterior(), prefix)
     elif hasattr(guide, "locs") and hasattr(guide, "scales"):
-        priors = _from_auto_normal(guide)
+        priors = _from_auto_normal(guide, prefix)
     else:
         raise TypeError(
             "from_guide needs a trained MeanFieldGuide, LowRankGuide or AutoNormal, or a guide "
             f"whose posterior() returns {{site: Normal}}; got {kind}"
         )
     return PosteriorPrior(priors, source=kind)
+
+
+def _model_prefix(guide) -> str:
+    """The name prefix of the guide's model (``"a."`` for ``BNN(..., name="a")``), or ``""``.
+
+    Priors are given to a network by the names of its own sites (``"0.weight"``); a model's
+    name goes in front of them only when it runs, so a carried prior leaves it out.
+    """
+    name = getattr(getattr(guide, "model", None), "_pyro_name", "")
+    return f"{name}." if isinstance(name, str) and name else ""
+
+
+def _relative(site: str, prefix: str) -> str:
+    return site[len(prefix) :] if prefix and site.startswith(prefix) else site
 
 
 def _normal_parts(site: str, fn: dist.TorchDistribution) -> tuple[torch.Tensor, torch.Tensor]:
@@ -225,17 +244,25 @@ def _normal_parts(site: str, fn: dist.TorchDistribution) -> tuple[torch.Tensor, 
     return base.loc.expand(shape), base.scale.expand(shape)
 
 
-def _from_marginals(posterior: Mapping[str, dist.TorchDistribution]) -> dict[str, object]:
-    return {site: NormalPosterior(site, *_normal_parts(site, fn)) for site, fn in posterior.items()}
+def _from_marginals(
+    posterior: Mapping[str, dist.TorchDistribution], prefix: str
+) -> dict[str, object]:
+    priors = {}
+    for site, fn in posterior.items():
+        name = _relative(site, prefix)
+        priors[name] = NormalPosterior(name, *_normal_parts(site, fn))
+    return priors
 
 
 def _from_blocks(
     posterior: Mapping[str, dist.TorchDistribution],
     layout: Mapping[str, Mapping[str, torch.Size]],
+    prefix: str,
 ) -> dict[str, object]:
     priors: dict[str, object] = {}
-    for name, sites in layout.items():
+    for name, layout_sites in layout.items():
         fn = posterior[name]
+        sites = {_relative(site, prefix): shape for site, shape in layout_sites.items()}
         if isinstance(fn, torch.distributions.LowRankMultivariateNormal):
             block = GaussianBlock(fn.loc, fn.cov_factor, fn.cov_diag, sites)
             priors.update({site: BlockPosterior(site, block) for site in sites})
@@ -251,7 +278,7 @@ def _from_blocks(
     return priors
 
 
-def _from_auto_normal(guide) -> dict[str, object]:
+def _from_auto_normal(guide, prefix: str) -> dict[str, object]:
     observed = getattr(getattr(guide, "model", None), "observation_site", None)
     priors: dict[str, object] = {}
     with torch.no_grad():
@@ -265,5 +292,6 @@ def _from_auto_normal(guide) -> dict[str, object]:
                 )
             loc = attrgetter(site)(guide.locs)
             scale = attrgetter(site)(guide.scales)
-            priors[site] = NormalPosterior(site, loc, scale)
+            name = _relative(site, prefix)
+            priors[name] = NormalPosterior(name, loc, scale)
     return priors

@@ -164,12 +164,19 @@ def test_a_block_prior_on_another_site_is_refused_by_name():
         net(x)
 
 
-def test_a_low_rank_prior_keeps_its_blocks_joint_in_a_named_model():
-    model, x, y = small_model(Gaussian(1.0))
-    guide = trained(bbb.LowRankGuide(model, rank=2), model, x, y)
-    carried, _, _ = small_model(from_guide(guide), name="next")
+@pytest.mark.parametrize("kind", ["mean_field", "low_rank"])
+def test_a_carried_prior_names_the_networks_sites_whatever_the_models_names(kind):
+    model, x, y = small_model(Gaussian(1.0), name="first")
+    make = bbb.MeanFieldGuide if kind == "mean_field" else bbb.LowRankGuide
+    guide = trained(make(model), model, x, y)
+    prior = from_guide(guide)
+    assert list(prior) == ["0.weight", "0.bias", "2.weight", "2.bias"]
+    carried, _, _ = small_model(prior, name="next")
     trace = poutine.trace(carried).get_trace(x)
-    assert trace.nodes["next.0.bias"]["fn"].given == ("0.weight",)
+    bias = trace.nodes["next.0.bias"]["fn"]
+    if kind == "low_rank":  # the block stays joint under the new model's names
+        assert bias.given == ("0.weight",)
+    assert torch.allclose(prior.means()["0.bias"], guide.median()["first.0.bias"])
 
 
 @pytest.mark.parametrize("kind", ["mean_field", "low_rank"])
@@ -366,3 +373,20 @@ def test_mean_field_recursion_has_the_joint_mean_field_variances_and_nearby_mean
     assert ((loc - recursive).abs() / mean_field_sd).max() < 0.2, (loc, recursive)
     assert torch.allclose(variance, 1 / precision.diagonal(), rtol=0.1), variance
     assert ((loc - mean).abs() / cov.diagonal().sqrt()).max() < 0.75, (loc, mean)
+
+
+@pytest.mark.parametrize("reparam", [None, "local", "flipout"])
+@pytest.mark.parametrize("kind", ["mean_field", "low_rank"])
+def test_every_estimator_trains_under_a_carried_block_with_its_kl_in_closed_form(kind, reparam):
+    model, x, y = small_model(Gaussian(1.0))
+    old = trained(bbb.LowRankGuide(model, rank=2, name="old"), model, x, y)
+    carried, _, _ = small_model(from_guide(old))
+    make = bbb.MeanFieldGuide if kind == "mean_field" else bbb.LowRankGuide
+    guide = make(carried, name="new")
+    options = {"epochs": 3, "num_particles": 2, "reparam": reparam, "progress": False}
+    history = bbb.fit(carried, guide, x, y, **options)
+    assert all(torch.isfinite(torch.tensor(history.loss)))
+    terms = AnnealedELBO(num_particles=2).terms(carried, guide, x, y)
+    assert not {"0.bias", "2.bias"} & set(terms.sites)  # each block is one closed-form term
+    pred = bbb.predict(carried, guide, x, num_samples=4, reparam=reparam)
+    assert pred.samples.shape == (4, 12)
