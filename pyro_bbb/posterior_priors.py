@@ -45,6 +45,9 @@ def _check_shape(site: str, expected: torch.Size, shape: torch.Size) -> None:
 class NormalPosterior:
     r"""Independent Normals :math:`\mathcal{N}(\mu_i, \sigma_i^2)` for one site, one per weight.
 
+    ``cacheable``: a layer builds its distribution once per device and dtype, so treat it as
+    immutable (assign a new prior to the layer rather than changing this one's tensors).
+
     Args:
         site: The site's name (for error messages).
         loc: :math:`\mu`, of the site's shape.
