@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+
 import pyro
 import pytest
 import torch
@@ -13,7 +17,7 @@ from pyro_bbb.nn import MultiHead
 from pyro_bbb.posterior_priors import NormalPosterior
 from pyro_bbb.priors import Gaussian
 
-from ..support import scaled
+from ..support import REPO, scaled
 
 
 def two_tasks(seed=0):
@@ -209,3 +213,21 @@ def test_vcl_remembers_split_digits_far_better_than_naive_fine_tuning():
     vcl, naive = final_average_accuracy(True), final_average_accuracy(False)
     assert vcl > 0.9, vcl
     assert vcl > naive + 0.15, (vcl, naive)
+
+
+def test_the_continual_example_runs_end_to_end(tmp_path):
+    pytest.importorskip("sklearn")
+    out, table = tmp_path / "continual.png", tmp_path / "continual.json"
+    args = ["--epochs", "1", "--hidden", "8", "--coreset", "5"]
+    args += ["--figure", str(out), "--json", str(table)]
+    script = REPO / "examples" / "continual.py"
+    run = subprocess.run(
+        [sys.executable, str(script), *args], capture_output=True, text=True, timeout=600
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    for text in ("split digits (multi-head)", "permuted digits (single head)", "joint training"):
+        assert text in run.stdout
+    results = json.loads(table.read_text())
+    rows = results["split digits (multi-head)"]["naive fine-tuning"]
+    assert [len(row) for row in rows] == [1, 2, 3, 4, 5]  # every task seen so far, each time
+    assert out.stat().st_size > 10_000
