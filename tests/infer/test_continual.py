@@ -7,12 +7,13 @@ import subprocess
 import sys
 
 import pyro
+import pyro.poutine as poutine
 import pytest
 import torch
 from torch import nn
 
 import pyro_bbb as bbb
-from pyro_bbb.infer import VCL
+from pyro_bbb.infer import VCL, AnnealedELBO
 from pyro_bbb.nn import MultiHead
 from pyro_bbb.posterior_priors import NormalPosterior
 from pyro_bbb.priors import Gaussian
@@ -161,6 +162,23 @@ def test_a_low_rank_chain_keeps_each_blocks_posterior():
     assert vcl.posterior["body.0.bias"].block is body
     assert vcl.posterior["heads.0.weight"].block is not body
     assert vcl.predict(x0, head=0, num_samples=5).probs.shape == (60, 2)
+
+
+def test_a_network_block_chain_draws_an_old_head_given_the_new_body():
+    # A network block joins the body and head 0. Task 1 does not see head 0, so the exact
+    # update keeps head 0's conditional given the body: it is drawn from the old block given
+    # the body drawn from the new posterior, and the new block's KL is still one term.
+    (x0, y0), (x1, y1) = two_tasks()
+    network = lambda model, **kw: bbb.LowRankGuide(model, rank=3, blocks="network", **kw)  # noqa: E731
+    vcl = VCL(multi_head_model(), guide=network)
+    vcl.fit(x0, y0, head=0, **FIT)
+    vcl.fit(x1, y1, head=1, **FIT)
+    terms = AnnealedELBO().terms(vcl.model, vcl.guide, x1, y1)
+    assert set(terms.sites) == {"_VCL.task1.network", "obs"}
+    assert vcl.posterior["heads.0.weight"].block is not vcl.posterior["body.0.weight"].block
+    vcl.model.net.head = 0
+    trace = poutine.trace(vcl.model).get_trace(x0)
+    assert trace.nodes["heads.0.weight"]["fn"].given == ("body.0.weight", "body.0.bias")
 
 
 def test_bad_heads_models_and_coresets_are_refused():
