@@ -13,11 +13,15 @@
 * :mod:`~pyro_bbb.infer.serialization`: :func:`save` and :func:`load` of a trained model
   and guide, in the files of :mod:`~pyro_bbb.infer.files` (atomic write, safe read);
 * :mod:`~pyro_bbb.infer.predictive`: :func:`predict` and its summaries;
+* :mod:`~pyro_bbb.infer.continual`: :class:`VCL`, variational continual learning over
+  ``fit`` (with :mod:`~pyro_bbb.infer.coresets`);
 * :mod:`~pyro_bbb.infer.mcmc`: :func:`run_nuts` on the same model.
 
 This package imports nothing of :mod:`pyro_bbb.evaluation`, the plots or the command line.
 """
 
+from .continual import VCL
+from .coresets import select_coreset
 from .elbo import AnnealedELBO, ELBOTerms
 from .guides import LowRankGuide, MeanFieldGuide
 from .history import History
@@ -36,6 +40,7 @@ from .serialization import load, save
 from .training import Callback, fit
 
 __all__ = [
+    "VCL",
     "AnnealedELBO",
     "BetaSchedule",
     "Callback",
@@ -60,4 +65,5 @@ __all__ = [
     "replay_nuts",
     "run_nuts",
     "save",
+    "select_coreset",
 ]
