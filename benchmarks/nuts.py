@@ -8,18 +8,22 @@ Four tanh BNNs with a N(0, 1) prior on every weight and the noise fixed (0.1 on 
   standardised) if ``--uci`` points at the split folders (default ``../shared/data/uci``),
   else 450 rows of a generated 8-feature regression.
 
-NumPyro runs ``--chains`` vectorised chains of ``--warmup`` + ``--samples``. Its ESS is the
-bulk ESS of the network's output (the mean of y under each draw), the smallest over the
-inputs judged (a 300-point grid on [-7, 7] for the gap data, 100 test rows for UCI), pooled
-over chains; its fixed cost is XLA's tracing and compilation (read from ``jax.monitoring``),
-and time to ESS 400 is the fixed cost plus the sampling time scaled by 400 / ESS.
+NumPyro runs ``--chains`` vectorised chains of warm-up + draws (per problem: 500 + 500 for
+the small nets, 100 + 100 for 1-50-50-1 and 200 + 200 for 8-50-1, whose draws cost up to a
+second each; ``--draws`` sets all). Its ESS is the bulk ESS of the network's output (the mean
+of y under each draw), the smallest over the inputs judged (a 300-point grid on [-7, 7] for
+the gap data, 100 test rows for UCI), pooled over chains; its fixed cost is XLA's tracing and
+compilation (read from ``jax.monitoring``), and time to ESS 400 is the fixed cost plus the
+sampling time scaled by 400 / ESS.
 
-Pyro runs one chain of ``--pyro-draws`` warm-up + ``--pyro-draws`` draws (its draws cost
-milliseconds each), and is extrapolated: its time per leapfrog step (after its fixed cost,
-a run of 1 + 1 iterations) times the leapfrog steps NumPyro's draws took gives its time per
-draw; its ESS per draw is taken to be NumPyro's (the same algorithm and adaptation).
+Pyro runs one chain of k warm-up iterations and k draws, then 2k + 2k (k = 20 for the small
+nets, 5 and 10 for the others; ``--pyro-draws`` sets all), and is extrapolated: the
+difference of the two runs' times over the difference of their leapfrog steps is its time
+per step (the fixed cost, tracing, JIT and the MAP start, cancels), and times the leapfrog
+steps NumPyro's draws took it gives its time per draw; its ESS per draw is taken to be
+NumPyro's (the same algorithm and adaptation).
 
-    python benchmarks/nuts.py                          # the table (about 15 minutes, 2 cores)
+    python benchmarks/nuts.py                          # the table (30-40 minutes, 2 cores)
     python benchmarks/nuts.py --problems 1-10-1 --pyro-draws 0
     python benchmarks/nuts.py --problems 1-50-50-1 --variants   # where its time goes
 """
@@ -36,11 +40,12 @@ from _common import machine
 
 import pyro_bbb as bbb
 
+#: name: (layer sizes, data points, default warm-up = draws per chain, Pyro's measured draws)
 PROBLEMS = {
-    "1-10-1": ([1, 10, 1], 60),
-    "1-20-1": ([1, 20, 1], 100),
-    "1-50-50-1": ([1, 50, 50, 1], 300),
-    "8-50-1": ([8, 50, 1], 450),
+    "1-10-1": ([1, 10, 1], 60, 500, 20),
+    "1-20-1": ([1, 20, 1], 100, 500, 20),
+    "1-50-50-1": ([1, 50, 50, 1], 300, 100, 5),
+    "8-50-1": ([8, 50, 1], 450, 200, 10),
 }
 
 
@@ -55,7 +60,7 @@ class Problem:
 
 
 def make_problem(name: str, uci: Path) -> Problem:
-    sizes, num = PROBLEMS[name]
+    sizes, num, _, _ = PROBLEMS[name]
     if sizes[0] == 1:
         data = bbb.data.gap_regression(num, noise=0.1, seed=0)
         x, y, x_eval, noise, source = (
@@ -130,24 +135,26 @@ def run_numpyro(problem: Problem, args, clock: CompileClock, **options) -> dict:
 
 def run_pyro(problem: Problem, args, numpyro_row: dict) -> dict:
     def run(draws):
-        return bbb.run_nuts(
+        result = bbb.run_nuts(
             problem.model, problem.x, problem.y, num_samples=draws, warmup_steps=draws,
             seed=0, progress=False, max_tree_depth=args.max_tree_depth,
         )  # fmt: skip
+        steps = result.sample_stats["n_steps"].double().sum()
+        steps += draws * result.warmup_stats["mean_n_steps"][0]
+        return result.wall_time, float(steps)
 
-    fixed = run(1).wall_time
-    result = run(args.pyro_draws)
-    steps = result.sample_stats["n_steps"].double().sum() + args.pyro_draws * float(
-        result.warmup_stats["mean_n_steps"][0]
-    )
-    per_step = (result.wall_time - fixed) / float(steps)
-    per_draw = per_step * (numpyro_row["all_steps_per_draw"])
+    # the same fixed cost (trace, JIT, MAP start) in both runs: the difference is sampling
+    short_wall, short_steps = run(args.pyro_draws)
+    long_wall, long_steps = run(2 * args.pyro_draws)
+    per_step = (long_wall - short_wall) / (long_steps - short_steps)
+    fixed = max(short_wall - per_step * short_steps, 0.0)
+    per_draw = per_step * numpyro_row["all_steps_per_draw"]
     iterations = args.chains * (args.warmup + args.samples)
     wall = fixed + per_draw * iterations
     ess = numpyro_row["ess"]
     return {
         "wall": wall, "fixed": fixed, "per_draw": per_draw, "per_step": per_step, "ess": ess,
-        "to_400": fixed + per_draw * iterations * 400 / ess, "measured": result.wall_time,
+        "to_400": fixed + per_draw * iterations * 400 / ess, "measured": long_wall,
     }  # fmt: skip
 
 
@@ -169,11 +176,13 @@ def table(rows: list[tuple[str, str, dict]], args) -> str:
             f"{rhat} | {row['ess'] / row['wall']:.2f}{mark} | {row['to_400']:.0f}{mark} |"
         )
     lines.append(
-        f"\n{args.chains} chains × ({args.warmup} warm-up + {args.samples} draws), max tree "
-        f"depth {args.max_tree_depth}; ms / draw is per chain and iteration (warm-up included). "
-        f"*Pyro: one chain of {args.pyro_draws} + {args.pyro_draws} measured "
-        "(time per leapfrog step after its fixed cost), extrapolated to NumPyro's leapfrog steps "
-        "and draws, with NumPyro's ESS per draw."
+        f"\n{args.chains} chains × (warm-up + draws): "
+        + ", ".join(f"{p} {r['draws']} + {r['draws']}" for p, b, r in rows if b == "numpyro")
+        + f"; max tree depth {args.max_tree_depth}; ms / draw is per chain and iteration "
+        "(warm-up included). *Pyro: one chain of "
+        + ", ".join(f"{r['pyro_draws']} + {r['pyro_draws']}" for p, b, r in rows if b == "pyro")
+        + " and twice that measured (their difference: time per leapfrog step), extrapolated to "
+        "NumPyro's leapfrog steps and draws, with NumPyro's ESS per draw."
     )
     return "\n".join(lines)
 
@@ -182,21 +191,25 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--problems", nargs="+", choices=list(PROBLEMS), default=list(PROBLEMS))
     parser.add_argument("--chains", type=int, default=4)
-    parser.add_argument("--warmup", type=int, default=500)
-    parser.add_argument("--samples", type=int, default=500)
+    parser.add_argument("--draws", type=int, help="warm-up iterations = draws per chain")
     parser.add_argument("--max-tree-depth", type=int, default=10)
-    parser.add_argument("--pyro-draws", type=int, default=20, help="0: NumPyro only")
+    parser.add_argument("--pyro-draws", type=int, help="Pyro's measured draws; 0: NumPyro only")
     parser.add_argument("--uci", type=Path, default=Path(__file__).parents[2] / "shared/data/uci")
     parser.add_argument("--variants", action="store_true", help="chain method, depth, mass, init")
     args = parser.parse_args()
     torch.set_num_threads(1)
     print(f"{machine()}, torch {torch.__version__}, {torch.get_num_threads()} torch thread")
     clock = CompileClock()
-    rows = []
+    rows = []  # (problem, backend, row)
+    given_draws, given_pyro = args.draws, args.pyro_draws
     for name in args.problems:
+        _, _, draws, pyro_draws = PROBLEMS[name]
+        args.warmup = args.samples = given_draws or draws
+        args.pyro_draws = pyro_draws if given_pyro is None else given_pyro
         problem = make_problem(name, args.uci)
         print(f"\n{name}: {len(problem.x)} points ({problem.data})", flush=True)
         row = run_numpyro(problem, args, clock)
+        row["draws"] = args.warmup
         row["all_steps_per_draw"] = (
             args.warmup * row["warm_steps"] + args.samples * row["steps"]
         ) / (args.warmup + args.samples)
@@ -212,11 +225,12 @@ def main() -> None:
         if args.pyro_draws:
             pyro_row = run_pyro(problem, args, row)
             print(
-                f"  pyro: {pyro_row['measured']:.1f} s for 1 x ({args.pyro_draws} + "
-                f"{args.pyro_draws}), {1e6 * pyro_row['per_step']:.0f} µs/step; per draw "
+                f"  pyro: {pyro_row['measured']:.1f} s for 1 x ({2 * args.pyro_draws} + "
+                f"{2 * args.pyro_draws}), {1e6 * pyro_row['per_step']:.0f} µs/step; per draw "
                 f"{pyro_row['per_draw'] / row['per_draw']:.0f}x NumPyro's",
                 flush=True,
             )
+            pyro_row["pyro_draws"] = args.pyro_draws
             rows.append((name, "pyro", pyro_row))
         if args.variants:
             variants(problem, args, clock, row)

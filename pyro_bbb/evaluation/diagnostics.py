@@ -185,8 +185,8 @@ def function_space_diagnostics(
     values = getattr(prediction, "loc_samples", None)
     if values is None:
         values = prediction.probs_samples
-    values = values.reshape(result.num_chains, result.num_samples, *values.shape[1:]).double()
-    draws = az.from_dict(posterior={"f": numpy_of(values)}).posterior
+    values = values.reshape(result.num_chains, result.num_samples, *values.shape[1:])
+    draws = az.from_dict(posterior={"f": numpy_of(values.double())}).posterior
     return FunctionSpaceDiagnostics(
         ess=torch.as_tensor(az.ess(draws, method="bulk")["f"].values),
         r_hat=torch.as_tensor(az.rhat(draws)["f"].values),
