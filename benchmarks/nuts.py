@@ -83,6 +83,7 @@ def make_problem(name: str, uci: Path) -> Problem:
             )
             x, y, x_eval, source = x[:num], y[:num], x[num:], "generated"
         noise = 0.3
+    torch.manual_seed(0)
     net = bbb.mlp(sizes, activation="tanh", prior=bbb.priors.Gaussian(1.0))
     model = bbb.BNN(net, bbb.likelihoods.Gaussian(scale=noise), num_data=num)
     return Problem(name, model, x, y, x_eval, f"{source}, noise {noise}")
@@ -241,8 +242,9 @@ def main() -> None:
 def variants(problem: Problem, args, clock: CompileClock, base: dict) -> None:
     """The same problem under other settings: what helps, and where the time goes."""
     trials = {
-        "chain_method='sequential'": {"chain_method": "sequential"},
+        "precision='float32'": {"precision": "float32"},
         "max_tree_depth=8": {"max_tree_depth": 8},
+        "chain_method='sequential'": {"chain_method": "sequential"},
         "full_mass=True (dense)": {"full_mass": True},
     }
     guide = bbb.MeanFieldGuide(problem.model, init_scale=0.01, name="bench_guide")
@@ -250,13 +252,20 @@ def variants(problem: Problem, args, clock: CompileClock, base: dict) -> None:
     bbb.fit(problem.model, guide, problem.x, problem.y, epochs=2000, lr=0.01, progress=False)
     print(f"  (mean-field guide for init: {time.perf_counter() - start:.0f} s)")
     trials["init=guide (mean-field)"] = {"init": guide}
-    print(f"  {'variant':<28}{'wall s':>8}{'steps':>7}{'ESS':>7}{'R-hat':>7}{'ESS/s':>7}")
-    print(f"  {'baseline':<28}{base['wall']:>8.0f}{base['steps']:>7.0f}{base['ess']:>7.0f}"
-          f"{base['rhat']:>7.3f}{base['ess'] / base['wall']:>7.2f}")  # fmt: skip
+    header = ("variant", "wall s", "fixed s", "µs/step", "steps", "warm-up", "ESS", "R-hat",
+              "ESS/s", "step size")  # fmt: skip
+    print("  | " + " | ".join(header) + " |\n  |" + " --- |" * len(header))
+
+    def line(label, row):
+        sizes = ", ".join(f"{s:.2g}" for s in row["step_size"])
+        print(f"  | {label} | {row['wall']:.0f} | {row['fixed']:.0f} | "
+              f"{1e6 * row['per_step']:.0f} | {row['steps']:.0f} | {row['warm_steps']:.0f} | "
+              f"{row['ess']:.0f} | {row['rhat']:.3f} | {row['ess'] / row['wall']:.3f} | "
+              f"{sizes} |", flush=True)  # fmt: skip
+
+    line("baseline", base)
     for label, options in trials.items():
-        row = run_numpyro(problem, args, clock, **options)
-        print(f"  {label:<28}{row['wall']:>8.0f}{row['steps']:>7.0f}{row['ess']:>7.0f}"
-              f"{row['rhat']:>7.3f}{row['ess'] / row['wall']:>7.2f}", flush=True)  # fmt: skip
+        line(label, run_numpyro(problem, args, clock, **options))
 
 
 if __name__ == "__main__":

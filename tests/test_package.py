@@ -25,7 +25,9 @@ def _submodules() -> list[str]:
 
 
 #: Modules of the NumPyro backend, which need its extra (JAX, NumPyro) to import.
-_NEEDS_NUMPYRO = ("_jax", "export", "export_densities", "export_network", "numpyro_chains")
+_NEEDS_NUMPYRO = (
+    "_jax", "export", "export_densities", "export_network", "export_ops", "numpyro_chains"
+)  # fmt: skip
 
 
 def _import(name: str):

@@ -29,7 +29,8 @@ from ...model import BNN
 from ..sites import base_support
 from ._jax import jax
 from .export_densities import log_density, log_likelihood, positive_bijection
-from .export_network import constant, export_network, unsupported
+from .export_network import export_network
+from .export_ops import constant, unsupported
 from .potential import FlatSite
 
 __all__ = ["export_potential"]

@@ -23,7 +23,7 @@ from torch.distributions import constraints
 from ...likelihoods import Bernoulli, Categorical, Gaussian, Likelihood
 from ...priors import ScaleMixture
 from ._jax import jax, jnp, numpyro
-from .export_network import constant, unsupported
+from .export_ops import constant, unsupported
 
 __all__ = ["log_density", "log_likelihood", "positive_bijection"]
 

@@ -150,7 +150,7 @@ def image_data(num=6, channels=2, size=8, classes=3):
         [nn.Conv2d(2, 4, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(-3),
          nn.Linear(64, 3)],
         [nn.Conv2d(2, 4, 3, stride=2, padding="valid", bias=False), nn.Tanh(),
-         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, 3)],
+         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, 3), nn.LogSoftmax(dim=-1)],
         [nn.Conv2d(2, 4, 4, padding="same", dilation=2), nn.SiLU(),
          nn.AvgPool2d(3, stride=2, padding=1, count_include_pad=False), nn.Flatten(),
          nn.Linear(64, 3)],

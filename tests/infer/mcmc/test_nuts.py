@@ -18,7 +18,7 @@ from pyro_bbb.infer.mcmc.chains import guide_start
 from pyro_bbb.infer.mcmc.potential import flat_layout
 
 from ...problems import conjugate_problem, exact_guide, linear_bnn
-from ...support import REPO, requires_numpyro, scaled
+from ...support import REPO, requires_cuda, requires_numpyro, scaled
 
 BACKENDS = ["pyro", pytest.param("numpyro", marks=requires_numpyro)]
 
@@ -242,6 +242,19 @@ def test_both_backends_return_the_same_sites_shapes_and_statistics():
     )
     # both replay through the model alike
     assert numpyro_run.predict(model, x32[:4]).loc_samples.shape == (40, 4)
+
+
+@requires_cuda
+@requires_numpyro
+def test_a_cuda_model_is_exported_on_the_cpu_and_its_draws_come_back_on_its_device():
+    x, y, *_ = conjugate_problem()
+    model = linear_bnn(x).cuda()
+    result = run_nuts(
+        model, x.cuda(), y.cuda(), num_samples=20, warmup_steps=20, seed=0, progress=False,
+        backend="numpyro",
+    )  # fmt: skip
+    assert result.samples["0.weight"].device.type == "cuda"
+    assert result.predict(model, x.cuda()[:3]).loc_samples.device.type == "cuda"
 
 
 @requires_numpyro
