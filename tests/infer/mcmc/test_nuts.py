@@ -156,7 +156,8 @@ def test_classification_net_runs_in_spawned_workers():
     assert torch.all(result.sample_stats["tree_depth"] <= 4)
 
 
-def test_a_guide_gives_the_starts_and_the_initial_inverse_mass_matrix():
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_guide_gives_the_starts_and_the_initial_inverse_mass_matrix(backend):
     x, y, mean, covariance, _ = conjugate_problem()
     model = linear_bnn(x)
     guide = exact_guide(model, x, y, mean, covariance)
@@ -166,8 +167,8 @@ def test_a_guide_gives_the_starts_and_the_initial_inverse_mass_matrix():
     # the variances of 4000 draws: within 4 standard errors sqrt(2 / 4000) (relative)
     assert torch.allclose(inverse_mass, covariance.diagonal(), rtol=4 * (2 / 4000) ** 0.5)
     result = run_nuts(
-        model, x, y, num_samples=20, warmup_steps=20, num_chains=2, num_workers=1, seed=0,
-        progress=False, init=guide,
+        model, x, y, num_samples=20, warmup_steps=20, num_chains=2, seed=0, progress=False,
+        init=guide, backend=backend,
     )  # fmt: skip
     assert result.samples["0.weight"].shape == (2, 20, 1, 3)
 
