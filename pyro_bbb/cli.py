@@ -1,7 +1,8 @@
 """The ``pyro-bbb`` command (also ``python -m pyro_bbb``).
 
 ``pyro-bbb demo`` fits a Bayesian MLP to 1-D data with a gap, prints the predictive
-uncertainty in the gap, near the data and in extrapolation, and saves a figure.
+uncertainty in the gap, near the data and in extrapolation, and saves a figure (``--nuts``:
+with NUTS's band beside it).
 ``pyro-bbb bench uci PATH`` runs the standard UCI regression protocol on every data set
 folder under ``PATH`` (see :mod:`pyro_bbb.bench.uci`) and writes a Markdown table and a JSON file.
 The core package never imports this module.
@@ -86,6 +87,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     run.add_argument("--epochs", type=int, default=3000)
     run.add_argument("--seed", type=int, default=0)
     run.add_argument("--reparam", choices=["local", "flipout"], default=None)
+    run.add_argument(
+        "--nuts",
+        action="store_true",
+        help='also sample the model with NUTS and draw its band (pip install "pyro-bbb[numpyro]")',
+    )
+    run.add_argument(
+        "--nuts-draws", type=_positive_int, default=200, help="NUTS warm-up and draws per chain"
+    )
 
     bench = commands.add_parser("bench", help="benchmarks against published results")
     suites = bench.add_subparsers(dest="suite", required=True)
@@ -120,7 +129,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     if args.command == "demo":
-        demo(out=args.out, epochs=args.epochs, seed=args.seed, reparam=args.reparam)
+        demo(
+            out=args.out, epochs=args.epochs, seed=args.seed, reparam=args.reparam,
+            nuts=args.nuts, nuts_draws=args.nuts_draws,
+        )  # fmt: skip
     elif args.command == "bench" and args.suite == "uci":
         options = {
             "guide": args.guide,

@@ -3,7 +3,9 @@
 ``python -m pyro_bbb demo`` (or ``pyro-bbb demo``) runs :func:`demo`: it fits a Bayesian MLP
 to points of ``sin(x) + N(0, 0.1²)`` on ``[-4, -1] ∪ [1, 4]``, prints the epistemic and
 total predictive std in the gap, near the data and in extrapolation, and saves the predictive
-bands. The core package never imports this module.
+bands. With ``--nuts`` it also samples the same model with NUTS (the NumPyro backend,
+``pip install "pyro-bbb[numpyro]"``) and draws NUTS's band over VI's. The core package never
+imports this module.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["REGIONS", "GapDemo", "demo", "fit_gap_demo", "uncertainty_by_region"]
+__all__ = ["REGIONS", "GapDemo", "demo", "fit_gap_demo", "nuts_gap_demo", "uncertainty_by_region"]
 
 
 @dataclass
@@ -75,6 +77,41 @@ def fit_gap_demo(
     return GapDemo(data, model, guide, history)
 
 
+def nuts_gap_demo(
+    fitted: GapDemo, *, draws: int = 200, seed: int = 0, progress: bool | None = None
+):
+    """Sample the demo's model with NUTS (NumPyro backend), the noise held at VI's value.
+
+    Two chains of ``draws`` warm-up iterations and ``draws`` draws. This posterior (481
+    weights, 500 points, noise 0.1) is stiff: step sizes near 0.001 and a thousand leapfrog
+    steps a draw, so the defaults take a few minutes and are far from converged (a smallest
+    function-space ESS near 10, R̂ up to 1.2); the band is a rough reference, which
+    ``examples/vi_vs_nuts.py`` makes converged on a smaller net.
+
+    Args:
+        fitted: The trained demo, from :func:`fit_gap_demo`.
+        draws: Warm-up iterations, and draws kept, per chain.
+        seed: Seed of the chains.
+        progress: Show NumPyro's progress bar (``None``: when attached to a terminal).
+
+    Returns:
+        The :class:`~pyro_bbb.infer.mcmc.NUTSResult`.
+
+    Raises:
+        ImportError: Without JAX and NumPyro (``pip install "pyro-bbb[numpyro]"``).
+    """
+    import sys
+
+    import pyro_bbb as bbb
+
+    data = fitted.data
+    return bbb.run_nuts(
+        fitted.model, data.x, data.y, num_samples=draws, warmup_steps=draws, num_chains=2,
+        seed=seed, backend="numpyro", noise="fixed",
+        progress=sys.stderr.isatty() if progress is None else progress,
+    )  # fmt: skip
+
+
 #: Regions of the demo's input axis, by distance ``|x|`` from the origin.
 REGIONS = {"gap": (0.0, 1.0), "data": (1.25, 3.75), "extrapolation": (5.0, 7.0)}
 
@@ -107,6 +144,8 @@ def demo(
     seed: int = 0,
     reparam: str | None = None,
     progress: bool | None = None,
+    nuts: bool = False,
+    nuts_draws: int = 200,
 ) -> dict[str, dict[str, float]]:
     """Fit a BNN to 1-D data with a gap, print its uncertainty by region, save a figure.
 
@@ -116,9 +155,15 @@ def demo(
         seed: Random seed (data and training).
         reparam: Gradient estimator, ``None``, ``"local"`` or ``"flipout"``.
         progress: Show a progress bar (``None``: when attached to a terminal).
+        nuts: Also sample the model with NUTS (:func:`nuts_gap_demo`), print its uncertainty
+            and convergence, and draw its band in the figure.
+        nuts_draws: Warm-up iterations and draws per chain of NUTS.
 
     Returns:
-        The summary of :func:`uncertainty_by_region`.
+        The summary of :func:`uncertainty_by_region` (VI's).
+
+    Raises:
+        ImportError: With ``nuts`` but without JAX and NumPyro.
     """
     import pyro_bbb as bbb
     from pyro_bbb.data import gap_function
@@ -131,6 +176,12 @@ def demo(
         fitted = fit_gap_demo(epochs=epochs, seed=seed, reparam=reparam, progress=progress)
         x_test = torch.linspace(-7, 7, 561).unsqueeze(-1)
         pred = bbb.predict(fitted.model, fitted.guide, x_test, num_samples=200, seed=seed)
+        reference = None
+        if nuts:
+            result = nuts_gap_demo(fitted, draws=nuts_draws, seed=seed, progress=progress)
+            nuts_pred = result.predict(fitted.model, x_test, seed=seed)
+            checks = bbb.evaluation.function_space_diagnostics(fitted.model, result, x_test)
+            reference = ("NUTS", nuts_pred.mean, nuts_pred.epistemic_std)
     finally:
         torch.set_num_threads(threads)
     summary = uncertainty_by_region(pred, x_test)
@@ -143,6 +194,22 @@ def demo(
         print(f"{name:<15}{span:>12}{row['epistemic']:>15.3f}{row['total']:>12.3f}")
     ratio = summary["gap"]["epistemic"] / summary["data"]["epistemic"]
     print(f"Epistemic std in the gap is {ratio:.1f}x that near the data.")
+    title = "Bayes by Backprop, mean-field guide: ±2σ epistemic and total"
+    if nuts:
+        steps = result.sample_stats["n_steps"].float().mean()
+        print(
+            f"NUTS (NumPyro, noise held at VI's {result.noise_value:.3f}): "
+            f"{result.num_chains} chains x ({result.warmup_steps} + {result.num_samples}) in "
+            f"{result.wall_time:.0f} s, {steps:.0f} leapfrog steps a draw; {checks}"
+        )
+        nuts_summary = uncertainty_by_region(nuts_pred, x_test)
+        print(f"{'NUTS epistemic':<15}" + "".join(
+            f"  {name} {row['epistemic']:.3f}" for name, row in nuts_summary.items()
+        ))  # fmt: skip
+        title = (
+            f"Mean-field VI (blue) against NUTS (red, {result.num_chains} chains, "
+            f"function-space R̂ ≤ {float(checks.r_hat.max()):.2f}) on the same model"
+        )
     plot_regression_bands(
         fitted.data.x,
         fitted.data.y,
@@ -153,7 +220,8 @@ def demo(
         true_fn=gap_function,
         shade=[(-1.0, 1.0)],
         shade_label="gap",
-        title="Bayes by Backprop, mean-field guide: ±2σ epistemic and total",
+        title=title,
+        reference=reference,
         path=out,
     )
     print(f"Saved the figure to {Path(out).resolve()} ({time.perf_counter() - start:.0f} s)")

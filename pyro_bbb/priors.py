@@ -2,7 +2,8 @@
 
 This module holds the prior families (:class:`Gaussian`, :class:`ScaleMixture`,
 :class:`FanInGaussian`) and :func:`resolve_prior`, which picks a prior for a parameter by
-name pattern. It knows nothing of guides or inference.
+name pattern. :func:`from_guide`, a trained guide's posterior as the next prior, is defined in
+:mod:`pyro_bbb.posterior_priors` and exported here. It knows nothing of inference.
 
 A *prior specification* is a small object with one method,
 ``site_distribution(shape, fan_in=..., device=..., dtype=...)``, that returns the
@@ -13,6 +14,12 @@ the user's back. A prior that sets ``cacheable = True`` promises that its distri
 depends on nothing but the arguments (no learnable hyperparameters): the layer then builds
 it once per device and dtype instead of on every pass. The priors here are cacheable and
 immutable; to change a layer's prior, assign a new one to ``layer.priors[name]``.
+
+A prior may also tie a site to others: one with a non-empty ``joint_sites`` (the names of the
+sites it is jointly distributed with, as :func:`from_guide` makes for a low-rank block) is
+called with ``drawn={site: value}``, the values of those sites that the model has already
+drawn in the current run, and returns the site's conditional given them. A prior with an
+``initial_loc`` tensor (a carried posterior) gives the default initial mean of a guide.
 """
 
 from __future__ import annotations
@@ -28,13 +35,16 @@ from pyro.distributions import constraints
 from torch.distributions.utils import broadcast_all
 
 from ._validation import check_int, check_number, check_positive_number
+from .posterior_priors import PosteriorPrior, from_guide
 
 __all__ = [
     "FanInGaussian",
     "Gaussian",
+    "PosteriorPrior",
     "Prior",
     "PriorSpec",
     "ScaleMixture",
+    "from_guide",
     "resolve_prior",
 ]
 
@@ -270,6 +280,12 @@ def resolve_prior(spec: PriorSpec, site: str) -> Prior:
         for pattern, prior in spec.items():
             if fnmatch.fnmatchcase(site, pattern):
                 return _check_prior(prior, f"prior[{pattern!r}]")
+        if isinstance(spec, PosteriorPrior):
+            raise ValueError(
+                f"prior: the posterior from_guide({spec.source}) has no site {site!r}; its "
+                f"sites are {list(spec)}. A new site needs its own prior, e.g. "
+                "{**from_guide(guide), '*': Gaussian(1.0)}"
+            )
         raise ValueError(
             f"prior: no pattern matches site {site!r}; patterns are {list(spec)}. "
             "Add a catch-all '*' entry last."

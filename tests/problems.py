@@ -5,6 +5,8 @@ known, and prior :math:`w \sim \mathcal{N}(0, s^2 I)` (weights and bias), the po
 :math:`\mathcal{N}(m, \Lambda^{-1})` with :math:`\Lambda = \tilde X^\top \tilde X/\sigma^2 +
 I/s^2` and :math:`m = \Lambda^{-1}\tilde X^\top y/\sigma^2`. The mean-field optimum has the
 exact means ``m`` and variances :math:`1/\Lambda_{ii}` (Bishop 2006, §10.1.2).
+:func:`linear_posterior` gives the posterior under any Gaussian prior, for the recursion
+:math:`p(w \mid A \cup B) \propto p(B \mid w)\, p(w \mid A)`.
 """
 
 from __future__ import annotations
@@ -32,6 +34,20 @@ def conjugate_problem(num_data=30, dim=3, seed=0):
     return x, y, mean, covariance, precision
 
 
+def design(x):
+    """``[x, 1]``: the features and the bias column, ``(N, dim + 1)``."""
+    return torch.cat([x, torch.ones(len(x), 1, dtype=x.dtype)], dim=1)
+
+
+def linear_posterior(x, y, prior_mean, prior_precision):
+    """Mean, covariance and precision of [w, b] given (x, y) under N(prior_mean, precision⁻¹)."""
+    features = design(x)
+    precision = prior_precision + features.T @ features / NOISE**2
+    covariance = torch.linalg.inv(precision)
+    mean = covariance @ (prior_precision @ prior_mean + features.T @ y / NOISE**2)
+    return mean, covariance, precision
+
+
 def linear_bnn(x):
     net = bbb.mlp([x.shape[1], 1], prior=Gaussian(PRIOR_SCALE)).double()
     return bbb.BNN(net, bbb.likelihoods.Gaussian(scale=NOISE).double(), num_data=len(x))
@@ -45,9 +61,10 @@ def flat_posterior(guide):
     return loc, var
 
 
-def exact_guide(model, x, y, mean, covariance, shrink=1.0):
+def exact_guide(model, x, y, mean, covariance, shrink=1.0, name=None):
     """A network-block LowRankGuide whose q is N(mean, shrink² · covariance) exactly."""
-    guide = bbb.LowRankGuide(model, rank=len(mean), blocks="network", name=f"exact_{shrink}")
+    name = f"exact_{shrink}" if name is None else name
+    guide = bbb.LowRankGuide(model, rank=len(mean), blocks="network", name=name)
     guide(x, y)
     floor = 0.5 * float(torch.linalg.eigvalsh(covariance).min())
     identity = torch.eye(len(mean), dtype=covariance.dtype)

@@ -1,7 +1,8 @@
-"""What many tests share: the size of statistical checks and the CUDA marker."""
+"""What many tests share: the size of statistical checks, the CUDA and NumPyro markers."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from pathlib import Path
 
@@ -25,3 +26,10 @@ def scaled(short: int, full: int) -> int:
 
 
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+#: Whether the NumPyro backend's extra (JAX and NumPyro) is installed.
+HAS_NUMPYRO = all(importlib.util.find_spec(name) for name in ("jax", "numpyro"))
+
+requires_numpyro = pytest.mark.skipif(
+    not HAS_NUMPYRO, reason='needs the numpyro extra: pip install "pyro-bbb[numpyro]"'
+)

@@ -15,6 +15,8 @@ from pyro_bbb import metrics
 from pyro_bbb.demo import fit_gap_demo, uncertainty_by_region
 from pyro_bbb.infer import LinearWarmup
 
+from .support import requires_numpyro
+
 
 @pytest.mark.slow
 def test_demo_gap_uncertainty_is_at_least_twice_that_near_the_data():
@@ -111,6 +113,19 @@ def test_command_line_demo_runs_and_saves_its_figure(tmp_path):
     assert out.stat().st_size > 10_000
     for word in ("gap", "data", "extrapolation", str(out)):
         assert word in result.stdout
+
+
+@requires_numpyro
+def test_command_line_demo_with_nuts_draws_its_band_and_reports_convergence(tmp_path):
+    out = tmp_path / "demo.png"
+    command = ["demo", "--epochs", "30", "--nuts", "--nuts-draws", "3", "--out", str(out)]
+    result = subprocess.run(
+        [sys.executable, "-m", "pyro_bbb", *command], capture_output=True, text=True, timeout=600
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert out.stat().st_size > 10_000
+    for words in ("NUTS (NumPyro, noise held at VI's", "function-space bulk ESS", "NUTS epistemic"):
+        assert words in result.stdout
 
 
 def test_command_line_rejects_an_unknown_command():

@@ -11,6 +11,8 @@ import pytest
 
 import pyro_bbb
 
+from .support import HAS_NUMPYRO
+
 
 def _submodules() -> list[str]:
     names = [
@@ -22,9 +24,21 @@ def _submodules() -> list[str]:
     return names
 
 
+#: Modules of the NumPyro backend, which need its extra (JAX, NumPyro) to import.
+_NEEDS_NUMPYRO = (
+    "_jax", "export", "export_densities", "export_network", "export_ops", "numpyro_chains"
+)  # fmt: skip
+
+
+def _import(name: str):
+    if name.rpartition(".")[2] in _NEEDS_NUMPYRO and not HAS_NUMPYRO:
+        pytest.skip('needs the numpyro extra: pip install "pyro-bbb[numpyro]"')
+    return importlib.import_module(name)
+
+
 @pytest.mark.parametrize("name", _submodules())
 def test_no_module_is_shadowed_by_a_name_in_its_package(name):
-    module = importlib.import_module(name)
+    module = _import(name)
     package_name, _, leaf = name.rpartition(".")
     package = importlib.import_module(package_name)
     assert getattr(package, leaf) is module, (
@@ -34,12 +48,14 @@ def test_no_module_is_shadowed_by_a_name_in_its_package(name):
 
 def test_every_public_name_of_a_package_exists():
     for name in ["pyro_bbb", *_submodules()]:
+        if name.rpartition(".")[2] in _NEEDS_NUMPYRO and not HAS_NUMPYRO:
+            continue
         module = importlib.import_module(name)
         missing = [n for n in getattr(module, "__all__", ()) if not hasattr(module, n)]
         assert not missing, f"{name}.__all__ names missing attributes {missing}"
 
 
-def test_the_core_imports_without_matplotlib():
+def test_the_core_imports_without_matplotlib_jax_or_numpyro():
     core = [
         "pyro_bbb",
         "pyro_bbb.infer",
@@ -51,6 +67,7 @@ def test_the_core_imports_without_matplotlib():
     ]
     code = "import sys\n" + "".join(f"import {m}\n" for m in core)
     code += "assert 'matplotlib' not in sys.modules, sorted(m for m in sys.modules if 'matpl' in m)"
+    code += "\nassert not {'jax', 'numpyro'} & set(sys.modules), 'jax or numpyro imported'"
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr[-2000:]
 

@@ -79,6 +79,20 @@ def test_plot_regression_bands_rejects_predictions_of_the_wrong_length():
         plot_regression_bands(x, x, x, x, np.ones(5), np.ones(4))
 
 
+def test_plot_regression_bands_draws_a_reference_posterior_sorted_like_the_rest():
+    x = np.array([2.0, -1.0, 0.5, 1.0])
+    reference = ("NUTS", 10 * x, np.full(4, 0.5))
+    figure = plot_regression_bands(x, x, x, x, np.ones(4), np.ones(4), reference=reference)
+    (ax,) = figure.axes
+    labels = ax.get_legend_handles_labels()[1]
+    assert "NUTS mean" in labels and "NUTS ±2σ epistemic" in labels
+    _, ref_mean, lower, upper = ax.get_lines()
+    np.testing.assert_allclose(ref_mean.get_ydata(), 10 * np.sort(x))
+    np.testing.assert_allclose(upper.get_ydata() - lower.get_ydata(), 2.0)
+    with pytest.raises(ValueError, match=r"reference mean must have one value per x_test"):
+        plot_regression_bands(x, x, x, x, x**2, x**2, reference=("NUTS", x[:3], x))
+
+
 def test_plot_history_returns_a_figure_and_writes_a_png(tmp_path):
     history = _History(
         loss=[100.0, 50.0, 20.0, -3.0],

@@ -1,7 +1,8 @@
 """Data sets for examples, tests and benchmarks, as torch tensors; nothing is downloaded.
 
 * :mod:`~pyro_bbb.data.toy`: the 1-D regression problem with a gap (:func:`gap_regression`);
-* :mod:`~pyro_bbb.data.classification`: scikit-learn's 8×8 digits (:func:`digits`);
+* :mod:`~pyro_bbb.data.classification`: scikit-learn's 8×8 digits (:func:`digits`) and its
+  continual-learning task sequences (:func:`split_digits`, :func:`permuted_digits`);
 * :mod:`~pyro_bbb.data.uci`: the UCI split-folder format (:func:`load_uci`,
   :func:`write_uci_folder`); :mod:`~pyro_bbb.data.uci_folder`: every split of a set,
   standardised (:func:`load_uci_folder`);
@@ -10,7 +11,7 @@
 Nothing here imports Pyro or trains a model.
 """
 
-from .classification import Split, digits
+from .classification import Split, digits, permuted_digits, split_digits
 from .standardize import Standardizer
 from .toy import ToyData, gap_function, gap_regions, gap_regression
 from .uci import find_uci_folders, load_uci, uci_num_splits, write_uci_folder
@@ -29,6 +30,8 @@ __all__ = [
     "gap_regression",
     "load_uci",
     "load_uci_folder",
+    "permuted_digits",
+    "split_digits",
     "uci_num_splits",
     "write_uci_folder",
 ]

@@ -3,7 +3,8 @@
 * :mod:`~pyro_bbb.evaluation.inference_data`: :func:`to_inference_data` for guides and NUTS
   alike, one schema;
 * :mod:`~pyro_bbb.evaluation.diagnostics`: :func:`psis_khat` for a guide,
-  :func:`effective_sample_size` and :func:`r_hat` for NUTS;
+  :func:`effective_sample_size` and :func:`r_hat` for NUTS, by weight, and
+  :func:`function_space_diagnostics` on the network's output;
 * :mod:`~pyro_bbb.evaluation.distances`: W2, total variation, top-1 agreement, label-set
   coverage between predictives;
 * :mod:`~pyro_bbb.evaluation.comparison`: :func:`compare` two posteriors on a test set.
@@ -13,14 +14,22 @@ prediction uses too. Nothing here draws a figure.
 """
 
 from .comparison import Comparison, compare
-from .diagnostics import effective_sample_size, psis_khat, r_hat
+from .diagnostics import (
+    FunctionSpaceDiagnostics,
+    effective_sample_size,
+    function_space_diagnostics,
+    psis_khat,
+    r_hat,
+)
 from .distances import label_set_coverage, top1_agreement, total_variation, wasserstein2
 from .inference_data import to_inference_data
 
 __all__ = [
     "Comparison",
+    "FunctionSpaceDiagnostics",
     "compare",
     "effective_sample_size",
+    "function_space_diagnostics",
     "label_set_coverage",
     "psis_khat",
     "r_hat",

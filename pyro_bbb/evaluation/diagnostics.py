@@ -5,10 +5,14 @@ posterior (Yao, Vehtari, Simpson & Gelman 2018, https://arxiv.org/abs/1802.02538
 shape :math:`\hat k` of a generalised Pareto fit to the largest importance ratios
 :math:`p(y, w_s) / q(w_s)`. :func:`effective_sample_size` and :func:`r_hat` are ArviZ's
 rank-normalised bulk ESS and split R̂ (Vehtari et al. 2021, https://arxiv.org/abs/1903.08008)
-of a NUTS result, by site. ArviZ is imported on first use.
+of a NUTS result, by site; :func:`function_space_diagnostics` gives both for the network's
+output at chosen inputs, where hidden-unit symmetries do not confound them. ArviZ is imported
+on first use.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import pyro
 import torch
@@ -17,7 +21,13 @@ from .._validation import check_int
 from ..infer.mcmc import NUTSResult
 from .inference_data import numpy_of, posterior_draws, site_dims
 
-__all__ = ["effective_sample_size", "psis_khat", "r_hat"]
+__all__ = [
+    "FunctionSpaceDiagnostics",
+    "effective_sample_size",
+    "function_space_diagnostics",
+    "psis_khat",
+    "r_hat",
+]
 
 
 def psis_khat(
@@ -118,3 +128,67 @@ def r_hat(result: NUTSResult) -> dict[str, torch.Tensor]:
 
     rhat = az.rhat(_posterior_dataset(result))
     return {k: torch.as_tensor(rhat[k].values) for k in result.samples}
+
+
+@dataclass(frozen=True)
+class FunctionSpaceDiagnostics:
+    """ESS and R̂ of a NUTS run's network output at a set of inputs.
+
+    Attributes:
+        ess: Bulk ESS of each output, pooled over chains: ``(batch[, dim])`` for regression
+            (the mean of ``y`` under each draw), ``(batch, classes)`` or ``(batch[, dim])``
+            for classification (the class probabilities).
+        r_hat: Rank-normalised split R̂ of each output, same shape.
+        chain_means: Each chain's posterior mean of each output, ``(num_chains, *shape)``:
+            chains that settled in different function-space modes show here.
+    """
+
+    ess: torch.Tensor
+    r_hat: torch.Tensor
+    chain_means: torch.Tensor
+
+    def converged(self, *, min_ess: float = 400, max_r_hat: float = 1.05) -> bool:
+        """Whether every output has ``ess >= min_ess`` and ``r_hat <= max_r_hat``."""
+        return bool((self.ess >= min_ess).all() and (self.r_hat <= max_r_hat).all())
+
+    def __str__(self) -> str:
+        return (
+            f"function-space bulk ESS min {float(self.ess.min()):.0f} median "
+            f"{float(self.ess.median()):.0f}, R-hat max {float(self.r_hat.max()):.3f}"
+        )
+
+
+@torch.no_grad()
+def function_space_diagnostics(
+    model, result: NUTSResult, x: torch.Tensor, *, batch_size: int | None = None
+) -> FunctionSpaceDiagnostics:
+    r"""Bulk ESS and R̂ of the network's output at ``x``, from every draw of a NUTS run.
+
+    Weight-space ESS and R̂ of a BNN are confounded by its symmetries: permuting hidden
+    units or flipping the signs of a tanh unit's weights gives the same function, so chains
+    in equivalent modes look unconverged. The output :math:`f_w(x)` is invariant to them,
+    which makes it the quantity to judge a reference posterior by (Izmailov et al. 2021,
+    https://arxiv.org/abs/2104.14421, judge HMC the same way).
+
+    Args:
+        model: The model NUTS sampled.
+        result: The :class:`~pyro_bbb.infer.mcmc.NUTSResult`.
+        x: Inputs ``(batch, *features)``, e.g. the inputs a figure plots.
+        batch_size: Evaluate ``x`` in chunks of this many rows.
+
+    Returns:
+        A :class:`FunctionSpaceDiagnostics`.
+    """
+    import arviz as az
+
+    prediction = result.predict(model, x, batch_size=batch_size)
+    values = getattr(prediction, "loc_samples", None)
+    if values is None:
+        values = prediction.probs_samples
+    values = values.reshape(result.num_chains, result.num_samples, *values.shape[1:])
+    draws = az.from_dict(posterior={"f": numpy_of(values.double())}).posterior
+    return FunctionSpaceDiagnostics(
+        ess=torch.as_tensor(az.ess(draws, method="bulk")["f"].values),
+        r_hat=torch.as_tensor(az.rhat(draws)["f"].values),
+        chain_means=values.mean(1),
+    )

@@ -7,13 +7,21 @@
   :class:`AnnealedELBO`;
 * :mod:`~pyro_bbb.infer.reparam`: local reparameterisation and flipout as effect handlers;
 * :mod:`~pyro_bbb.infer.training`: :func:`fit` (with :mod:`~pyro_bbb.infer.minibatches`
-  and :mod:`~pyro_bbb.infer.history`);
+  and :mod:`~pyro_bbb.infer.history`); :mod:`~pyro_bbb.infer.distributed`: data-parallel
+  training on ``torch.distributed``; :mod:`~pyro_bbb.infer.checkpoint`: fit's checkpoints
+  and resuming;
+* :mod:`~pyro_bbb.infer.serialization`: :func:`save` and :func:`load` of a trained model
+  and guide, in the files of :mod:`~pyro_bbb.infer.files` (atomic write, safe read);
 * :mod:`~pyro_bbb.infer.predictive`: :func:`predict` and its summaries;
+* :mod:`~pyro_bbb.infer.continual`: :class:`VCL`, variational continual learning over
+  ``fit`` (with :mod:`~pyro_bbb.infer.coresets`);
 * :mod:`~pyro_bbb.infer.mcmc`: :func:`run_nuts` on the same model.
 
 This package imports nothing of :mod:`pyro_bbb.evaluation`, the plots or the command line.
 """
 
+from .continual import VCL
+from .coresets import select_coreset
 from .elbo import AnnealedELBO, ELBOTerms
 from .guides import LowRankGuide, MeanFieldGuide
 from .history import History
@@ -28,9 +36,11 @@ from .schedules import (
     SigmoidWarmup,
     as_schedule,
 )
+from .serialization import load, save
 from .training import Callback, fit
 
 __all__ = [
+    "VCL",
     "AnnealedELBO",
     "BetaSchedule",
     "Callback",
@@ -49,8 +59,11 @@ __all__ = [
     "as_schedule",
     "fit",
     "flipout",
+    "load",
     "local_reparameterization",
     "predict",
     "replay_nuts",
     "run_nuts",
+    "save",
+    "select_coreset",
 ]

@@ -12,8 +12,10 @@ never an observed one. A minibatch of ``B`` points enters with its log-likelihoo
 ``N / B`` (the model's subsampled plate), and the KL once per step. The KL of a site is
 computed in closed form where a rule exists for the guide/prior pair (a Normal guide against
 a Gaussian prior, :mod:`pyro_bbb.infer.kl`) and by Monte Carlo otherwise (a scale-mixture
-prior, Pyro's autoguides). ``docs/kl_scaling.md`` relates this to the forms in the literature
-(Blundell et al. 2015; Graves 2011).
+prior, Pyro's autoguides). A prior block from :func:`~pyro_bbb.priors.from_guide` (a low-rank
+Gaussian over several sites, drawn site by site) gets its KL in closed form as one term when the
+guide's sites for it are one low-rank block or independent Normals. ``docs/kl_scaling.md``
+relates this to the forms in the literature (Blundell et al. 2015; Graves 2011).
 
 This module holds no training loop and no schedule: :func:`~pyro_bbb.fit` sets
 :attr:`AnnealedELBO.beta` from a :mod:`~pyro_bbb.infer.schedules` schedule at each step.
@@ -31,8 +33,9 @@ from pyro.distributions.util import scale_and_mask
 from pyro.infer import ELBO
 from pyro.poutine.util import site_is_subsample
 
-from .._shapes import broadcast_shape
+from .._shapes import broadcast_shape, collapse_broadcast
 from .._validation import check_int, check_nonnegative_number
+from ..gaussian_block import SiteConditional
 from .kl import diagonal_normal_kl
 from .sites import JOINT_KEY
 
@@ -56,6 +59,88 @@ def _diagonal_normal(fns) -> torch.distributions.Distribution | None:
     locs = [loc.expand(*batch, loc.shape[-1]) for loc in locs]
     scales = [scale.expand(*batch, scale.shape[-1]) for scale in scales]
     return dist.Normal(torch.cat(locs, -1), torch.cat(scales, -1)).to_event(1)
+
+
+def _block_members(names, model_nodes) -> dict[int, list[str]] | None:
+    """The sites of ``names`` drawn from each prior block, if the blocks close over ``names``.
+
+    Keyed by ``id(block)``, in the order of ``names``. ``None`` unless every site the model
+    drew from one of these blocks is among ``names`` and was conditioned only on sites drawn
+    from the same block: then the prior of ``names`` is the product of the blocks' marginals
+    and the other sites' Normals, and its KL is one closed-form term.
+    """
+    members: dict[int, list[str]] = {}
+    for name in names:
+        fn = model_nodes[name]["fn"]
+        if isinstance(fn, SiteConditional):
+            members.setdefault(id(fn.block), []).append(name)
+    for name, node in model_nodes.items():
+        fn = node.get("fn")
+        if not isinstance(fn, SiteConditional) or id(fn.block) not in members:
+            continue
+        own = members[id(fn.block)]
+        # a site drawn from the block outside `names`, or conditioned on a value drawn from
+        # something else (another block's site of the same name), breaks the product form
+        if name not in own or not set(fn.given) <= set(own):
+            return None
+    return members
+
+
+def _flat_prior(names, model_nodes) -> torch.distributions.Distribution | None:
+    """The joint prior of the sites ``names``, flat over their concatenation, or ``None``.
+
+    Independent Normals give ``Normal(...).to_event(1)``. With prior blocks among the sites
+    (closed over ``names``, see :func:`_block_members`), one block alone gives its own
+    marginal; a mix gives a ``LowRankMultivariateNormal`` whose factor holds each block's
+    columns in its sites' rows and zeros elsewhere.
+    """
+    fns = [model_nodes[name]["fn"] for name in names]
+    conditionals = [fn for fn in fns if isinstance(fn, SiteConditional)]
+    if not conditionals:
+        return _diagonal_normal(fns)
+    members = _block_members(names, model_nodes)
+    if members is None:
+        return None
+    like = conditionals[0].base.loc
+    where = {"device": like.device, "dtype": like.dtype}
+    joints = {
+        key: model_nodes[sites[0]]["fn"].block.joint(sites, **where)
+        for key, sites in members.items()
+    }
+    if len(conditionals) == len(fns) and len(joints) == 1:
+        return next(iter(joints.values()))
+    position = {}  # site -> (block key, first row in the block's joint, first column)
+    columns = 0
+    for key, sites in members.items():
+        start = 0
+        for site in sites:
+            position[site] = (key, start, columns)
+            start += model_nodes[site]["fn"].event_shape.numel()
+        columns += joints[key].cov_factor.shape[-1]
+    locs, variances, rows = [], [], []
+    for name, fn in zip(names, fns, strict=True):
+        size = fn.event_shape.numel()
+        row = torch.zeros(size, columns, **where)
+        if name in position:
+            key, start, first = position[name]
+            joint = joints[key]
+            locs.append(joint.loc[start : start + size])
+            variances.append(joint.cov_diag[start : start + size])
+            row[:, first : first + joint.cov_factor.shape[-1]] = joint.cov_factor[
+                start : start + size
+            ]
+        else:
+            normal = _diagonal_normal([fn])
+            if normal is None:
+                return None
+            loc = collapse_broadcast(normal.base_dist.loc, 1)
+            scale = collapse_broadcast(normal.base_dist.scale, 1)
+            if loc.shape[:-1].numel() != 1 or scale.shape[:-1].numel() != 1:
+                return None  # a prior with batch dims of its own: left to Monte Carlo
+            locs.append(loc.reshape(-1))
+            variances.append(scale.reshape(-1).pow(2))
+        rows.append(row)
+    return dist.LowRankMultivariateNormal(torch.cat(locs), torch.cat(rows), torch.cat(variances))
 
 
 class ELBOTerms(NamedTuple):
@@ -233,6 +318,11 @@ class AnnealedELBO(ELBO):
                     term = self._log_prob(site)
                 else:
                     covered.update(site["infer"][JOINT_KEY])
+            elif isinstance(model_site["fn"], SiteConditional) and (
+                block := self._block_kl(model_site["fn"], model_trace, guide_nodes)
+            ):
+                term, names = block
+                covered.update(names)
             else:
                 term = self._kl_term(site, model_site)
             kls.append(term)
@@ -248,13 +338,41 @@ class AnnealedELBO(ELBO):
         names = aux_site["infer"].get(JOINT_KEY)
         if not names or any(name not in model_trace.nodes for name in names):
             return None
-        prior = _diagonal_normal([model_trace.nodes[name]["fn"] for name in names])
+        prior = _flat_prior(names, model_trace.nodes)
         if prior is None:
             return None
-        closed = self._closed_form_kl(aux_site["fn"], prior)
+        return self._scaled_kl(aux_site, aux_site["fn"], prior)
+
+    def _block_kl(self, fn, model_trace, guide_nodes) -> tuple[torch.Tensor, list[str]] | None:
+        """Closed-form KL of a prior block whose guide sites are independent Normals.
+
+        The sites are those the model drew from ``fn``'s block; their guide sites must be
+        plain (reinterpreted) Normals, as a mean-field guide draws them.
+        """
+        if not self.analytic_kl:
+            return None
+        names = [
+            name
+            for name, node in model_trace.nodes.items()
+            if isinstance(node.get("fn"), SiteConditional) and node["fn"].block is fn.block
+        ]
+        guide_sites = [guide_nodes.get(name) for name in names]
+        if any(site is None or site["infer"].get(JOINT_KEY) for site in guide_sites):
+            return None
+        q = _diagonal_normal([site["fn"] for site in guide_sites])
+        prior = None if q is None else _flat_prior(names, model_trace.nodes)
+        if prior is None:
+            return None
+        term = self._scaled_kl(guide_sites[0], q, prior)
+        return None if term is None else (term, names)
+
+    def _scaled_kl(self, guide_site, q, p) -> torch.Tensor | None:
+        closed = self._closed_form_kl(q, p)
         if closed is None:
             return None
-        return scale_and_mask(closed, aux_site["scale"], aux_site["mask"]).sum()
+        if closed.shape != q.batch_shape:
+            closed = closed.expand(q.batch_shape)
+        return scale_and_mask(closed, guide_site["scale"], guide_site["mask"]).sum()
 
     def _kl_term(self, guide_site, model_site) -> torch.Tensor:
         q, p = guide_site["fn"], model_site["fn"]

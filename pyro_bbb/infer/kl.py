@@ -1,9 +1,12 @@
 r"""Closed-form KL divergences between the guides' Gaussians and Gaussian priors.
 
 This module holds the KL rules the ELBO uses: :func:`diagonal_normal_kl`, a fast path for
-diagonal Gaussians, and :func:`kl_low_rank_diagonal`, registered with
-``torch.distributions.register_kl`` for a low-rank-plus-diagonal Gaussian against a diagonal
-one. Both sides (guides and the ELBO) may import it; it imports neither.
+diagonal Gaussians, and, registered with ``torch.distributions.register_kl``,
+:func:`kl_low_rank_diagonal` (a low-rank-plus-diagonal Gaussian against a diagonal one) and
+:func:`kl_diagonal_low_rank` and :func:`kl_low_rank_low_rank` (a diagonal or a low-rank
+Gaussian against a low-rank one, such as a prior made from a low-rank guide by
+:func:`~pyro_bbb.priors.from_guide`; the prior's parts are computed once). Both sides (guides
+and the ELBO) may import this module; it imports neither.
 
 **Diagonal Gaussians.** ``torch.distributions.kl_divergence(Normal, Normal)`` evaluates
 
@@ -39,7 +42,12 @@ from torch.distributions import Distribution, Independent, Normal, register_kl
 
 from .._shapes import collapse_broadcast
 
-__all__ = ["diagonal_normal_kl", "kl_low_rank_diagonal"]
+__all__ = [
+    "diagonal_normal_kl",
+    "kl_diagonal_low_rank",
+    "kl_low_rank_diagonal",
+    "kl_low_rank_low_rank",
+]
 
 _NORMALS = (Normal, dist.Normal)
 
@@ -182,3 +190,136 @@ def kl_low_rank_diagonal(q: dist.LowRankMultivariateNormal, p: Independent) -> t
     log_det_q = diag.log().sum(-1) + 2 * capacitance_tril.diagonal(dim1=-2, dim2=-1).log().sum(-1)
     d = q.event_shape[-1]
     return 0.5 * (trace_term + mahalanobis - d + var.log().sum(-1) - log_det_q)
+
+
+#: A carried low-rank prior (``GaussianBlock.joint``) is the same object every step; the parts
+#: of its inverse covariance are computed once.
+_LOW_RANK_PARTS: WeakKeyDictionary[Distribution, tuple] = WeakKeyDictionary()
+
+
+def _low_rank_inverse(p: dist.LowRankMultivariateNormal) -> tuple[torch.Tensor, ...]:
+    r"""``(A, colsum(A∘A), log det Σ)`` of a low-rank Gaussian's covariance :math:`\Sigma`.
+
+    :math:`\Sigma = D + VV^\top` and, by Woodbury's identity, :math:`\Sigma^{-1} = D^{-1} -
+    A^\top A` with :math:`A = L^{-1} V^\top D^{-1}` (``(r, d)``), where :math:`LL^\top = I_r +
+    V^\top D^{-1} V` is the capacitance torch factorised when ``p`` was built; the log
+    determinant by the matrix determinant lemma. Kept for a ``p`` with constant parameters.
+    """
+    parts = _LOW_RANK_PARTS.get(p)
+    if parts is not None:
+        return parts
+    factor, diag, tril = p._unbroadcasted_cov_factor, p._unbroadcasted_cov_diag, p._capacitance_tril
+    a = torch.linalg.solve_triangular(tril, factor.mT / diag.unsqueeze(-2), upper=False)
+    log_det = diag.log().sum(-1) + 2 * tril.diagonal(dim1=-2, dim2=-1).log().sum(-1)
+    parts = (a, a.pow(2).sum(-2), log_det)
+    if not (factor.requires_grad or diag.requires_grad):
+        _LOW_RANK_PARTS[p] = parts
+    return parts
+
+
+def _against_low_rank(
+    delta: torch.Tensor,
+    trace_diag: torch.Tensor,
+    log_det_q: torch.Tensor,
+    p: dist.LowRankMultivariateNormal,
+    q_factor: torch.Tensor | None = None,
+) -> torch.Tensor:
+    r""":math:`\mathrm{KL}(q \| p)` for a Gaussian q against a low-rank p.
+
+    From :math:`\delta = m - \mu`, the diagonal part of q's covariance, :math:`\log\det
+    \Sigma_q` and q's factor (``None`` for a diagonal q).
+    """
+    a, a2, log_det_p = _low_rank_inverse(p)
+    diag = p._unbroadcasted_cov_diag
+    # tr(Σ_p⁻¹ Σ_q) with Σ_q = S + V_q V_qᵀ: Σ S/D - colsum(A∘A)·S, then the factor's part
+    trace = (trace_diag / diag).sum(-1) - (a2 * trace_diag).sum(-1)
+    if q_factor is not None:
+        trace = trace + (q_factor.pow(2).sum(-1) / diag).sum(-1)
+        trace = trace - (a @ q_factor).pow(2).sum((-2, -1))
+    projected = (a @ delta.unsqueeze(-1)).squeeze(-1)
+    mahalanobis = (delta.pow(2) / diag).sum(-1) - projected.pow(2).sum(-1)
+    d = p.event_shape[-1]
+    return 0.5 * (trace + mahalanobis - d + log_det_p - log_det_q)
+
+
+@register_kl(Independent, dist.LowRankMultivariateNormal)
+def kl_diagonal_low_rank(q: Independent, p: dist.LowRankMultivariateNormal) -> torch.Tensor:
+    r"""KL divergence from a diagonal Gaussian to :math:`\mathcal{N}(\mu, D + VV^\top)`.
+
+    For :math:`q = \mathcal{N}(m, S)` with :math:`S` diagonal, and
+    :math:`\Sigma_p^{-1} = D^{-1} - A^\top A` (Woodbury, :math:`A = L^{-1} V^\top D^{-1}`
+    with :math:`LL^\top = I_r + V^\top D^{-1} V`),
+
+    .. math::
+
+        \mathrm{KL} = \tfrac12\Big[\sum_i \frac{S_i + \delta_i^2}{D_i}
+            - \sum_i S_i \sum_k A_{ki}^2 - \lVert A\delta \rVert^2 - d
+            + \log\det\Sigma_p - \sum_i \log S_i\Big], \qquad \delta = m - \mu,
+
+    with :math:`\log\det\Sigma_p = \sum_i \log D_i + 2\sum_k \log L_{kk}` (the
+    determinant lemma). The prior's parts are computed once for a constant prior; then each
+    call costs :math:`O(d r)` and no :math:`d \times d` matrix.
+
+    Args:
+        q: ``Normal(m, s).to_event(1)`` with event shape ``(d,)`` (a mean-field guide over a
+            block's sites, flattened).
+        p: Event shape ``(d,)``, rank ``r``.
+
+    Returns:
+        KL of the broadcast batch shape.
+
+    Raises:
+        NotImplementedError: If ``q`` is not a diagonal Normal over one event dim.
+    """
+    parts = _normal_and_event_dims(q)
+    if parts is None or parts[1] != 1:
+        raise NotImplementedError
+    base = parts[0]
+    delta = collapse_broadcast(base.loc, 1) - p.loc
+    variance = collapse_broadcast(base.scale, 1).pow(2)
+    kl = _against_low_rank(delta, variance, variance.log().sum(-1), p)
+    return _expanded(kl, q, p)
+
+
+@register_kl(dist.LowRankMultivariateNormal, dist.LowRankMultivariateNormal)
+def kl_low_rank_low_rank(
+    q: dist.LowRankMultivariateNormal, p: dist.LowRankMultivariateNormal
+) -> torch.Tensor:
+    r"""KL divergence between two low-rank-plus-diagonal Gaussians.
+
+    For :math:`q = \mathcal{N}(m, S + WW^\top)` (rank :math:`r_q`) and
+    :math:`p = \mathcal{N}(\mu, D + VV^\top)` (rank :math:`r`), with :math:`A` as in
+    :func:`kl_diagonal_low_rank`,
+
+    .. math::
+
+        \mathrm{tr}(\Sigma_p^{-1}\Sigma_q) = \sum_i \frac{S_i + \sum_j W_{ij}^2}{D_i}
+            - \sum_i S_i \sum_k A_{ki}^2 - \lVert A W \rVert_F^2,
+
+    and :math:`\log\det\Sigma_q` by the determinant lemma from the capacitance torch keeps.
+    Equal to torch's rule for the pair; this one computes the prior's parts once for a
+    constant prior (a carried posterior), so each step costs :math:`O(d\, r\, r_q)`.
+
+    Args:
+        q: Event shape ``(d,)`` (a low-rank guide's block).
+        p: Event shape ``(d,)``.
+
+    Returns:
+        KL of the broadcast batch shape.
+    """
+    if q.event_shape != p.event_shape:
+        raise ValueError(
+            f"the two Gaussians have event shapes {tuple(q.event_shape)} and {tuple(p.event_shape)}"
+        )
+    factor, diag = q._unbroadcasted_cov_factor, q._unbroadcasted_cov_diag
+    log_det_q = diag.log().sum(-1) + 2 * q._capacitance_tril.diagonal(dim1=-2, dim2=-1).log().sum(
+        -1
+    )
+    delta = collapse_broadcast(q.loc, 1) - p.loc
+    kl = _against_low_rank(delta, diag, log_det_q, p, factor)
+    return _expanded(kl, q, p)
+
+
+def _expanded(kl: torch.Tensor, q: Distribution, p: Distribution) -> torch.Tensor:
+    shape = torch.broadcast_shapes(q.batch_shape, p.batch_shape)
+    return kl.expand(shape) if kl.shape != shape else kl

@@ -2,14 +2,14 @@
 
 Guides annotate their sites through Pyro's ``infer`` dict; the ELBO and the estimators read
 those annotations. The keys live here, not in either side's module, so that a guide, the
-ELBO and the estimators can each import them without importing one another. This module also
-holds :func:`base_support`, the real-support check that guides and NUTS share.
+ELBO and the estimators can each import them without importing one another. It also hands on
+:func:`base_support` and :func:`is_real_valued`, the real-support check that guides and NUTS
+share (defined on the model side, which needs it too).
 """
 
 from __future__ import annotations
 
-import torch
-from torch.distributions import constraints
+from .._support import base_support, is_real_valued
 
 __all__ = ["BLOCK_KEY", "JOINT_KEY", "base_support", "is_real_valued"]
 
@@ -22,19 +22,3 @@ JOINT_KEY = "pyro_bbb_joint_of"
 #: ``infer`` key of a model site drawn as a slice of a block: ``(block site, start, stop)``.
 #: Local reparameterisation and flipout read it to find the block's distribution.
 BLOCK_KEY = "pyro_bbb_block"
-
-
-def base_support(fn: torch.distributions.Distribution) -> constraints.Constraint:
-    """A distribution's support without its ``independent`` wrappers.
-
-    ``real`` for a ``Normal(...).to_event(k)``.
-    """
-    support = fn.support
-    while hasattr(support, "base_constraint"):
-        support = support.base_constraint
-    return support
-
-
-def is_real_valued(fn: torch.distributions.Distribution) -> bool:
-    """Whether a distribution's support is the whole real line in every coordinate."""
-    return base_support(fn) is constraints.real

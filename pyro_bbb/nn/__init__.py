@@ -5,7 +5,8 @@
 * :mod:`~pyro_bbb.nn.layers`: :class:`BayesianAffine`, one layer class for both maps, and
   :func:`initial_values`;
 * :mod:`~pyro_bbb.nn.builders`: :func:`bayesianize` any ``nn.Module``, or build an
-  :func:`mlp` in one call.
+  :func:`mlp` in one call;
+* :mod:`~pyro_bbb.nn.multi_head`: :class:`MultiHead`, a shared body with one head per task.
 
 Nothing in this package knows of guides, training or evaluation.
 """
@@ -13,12 +14,14 @@ Nothing in this package knows of guides, training or evaluation.
 from .affine import AffineMap, Conv2dMap, LinearMap, bayesian_affine
 from .builders import bayesianize, mlp
 from .layers import BayesianAffine, initial_values
+from .multi_head import MultiHead
 
 __all__ = [
     "AffineMap",
     "BayesianAffine",
     "Conv2dMap",
     "LinearMap",
+    "MultiHead",
     "bayesian_affine",
     "bayesianize",
     "initial_values",

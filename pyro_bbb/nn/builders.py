@@ -13,6 +13,7 @@ import fnmatch
 import itertools
 from collections.abc import Callable, Iterable, Sequence
 
+import torch
 from pyro.nn import PyroModule
 from pyro.nn.module import to_pyro_module_
 from torch import nn
@@ -111,7 +112,18 @@ def _bayesian_layer(
         site = f"{path}.{pname}" if path else pname
         if value is not None and not _matches(site, deterministic):
             priors[pname] = resolve_prior(prior, site)
+            _check_carried_shape(priors[pname], site, value.shape)
     return BayesianAffine(affine, layer.weight, layer.bias, priors)
+
+
+def _check_carried_shape(prior: object, site: str, shape: torch.Size) -> None:
+    """A carried posterior (``from_guide``) must have the parameter's shape: say so now."""
+    carried = getattr(prior, "initial_loc", None)
+    if isinstance(carried, torch.Tensor) and carried.shape != shape:
+        raise ValueError(
+            f"site {site!r} has shape {tuple(carried.shape)} in the guide its prior was made "
+            f"from (from_guide) but {tuple(shape)} in this network"
+        )
 
 
 def _replace_affine_layers(

@@ -90,10 +90,21 @@ class BayesianAffine(PyroModule):
         """The prior of ``param`` on this layer's device; event shape = the parameter's.
 
         Built once per prior, device and dtype when the prior is ``cacheable`` (see
-        :mod:`pyro_bbb.priors`), otherwise on every call.
+        :mod:`pyro_bbb.priors`), otherwise on every call. A prior tied to other sites (its
+        ``joint_sites``, e.g. one site of a block from :func:`~pyro_bbb.priors.from_guide`)
+        is given the values of those the model has drawn so far in this run, and returns the
+        conditional distribution.
         """
         init = self._buffers[f"{param}_init"]
         prior = self.priors[param]
+        joint = getattr(prior, "joint_sites", ())
+        if joint:
+            prefix = self._joint_prefix(param, prior.site)
+            context = self._pyro_context  # holds this run's draws, by full site name
+            drawn = {s: v for s in joint if (v := context.get(prefix + s)) is not None}
+            return prior.site_distribution(
+                init.shape, fan_in=self.fan_in, device=init.device, dtype=init.dtype, drawn=drawn
+            )
         key = (prior, init.device, init.dtype)
         cache = self.__dict__.setdefault("_prior_cache", {})
         cached = cache.get(param)
@@ -105,6 +116,22 @@ class BayesianAffine(PyroModule):
         if getattr(prior, "cacheable", False):
             cache[param] = (key, distribution)
         return distribution
+
+    def _joint_prefix(self, param: str, site: str) -> str:
+        """The model's name prefix of a prior made for ``site`` (``"b."`` in a BNN named b).
+
+        A joint prior names its sites as the network it was made for did; in a model with a
+        name, the drawn values carry that name in front.
+        """
+        fullname = self._site_names()[("weight", "bias").index(param)]
+        if fullname == site:
+            return ""
+        if fullname.endswith("." + site):
+            return fullname[: len(fullname) - len(site)]
+        raise ValueError(
+            f"site {fullname!r} has the prior of site {site!r} (a joint prior from "
+            "from_guide): each site must keep the prior made for it"
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Apply the layer.
@@ -218,7 +245,8 @@ def initial_values(model: nn.Module) -> dict[str, torch.Tensor]:
     """The initial value of every Bayesian parameter, by site name.
 
     These are the values the network had when it was made Bayesian (its own initialisation
-    or pretrained weights), used as default guide means.
+    or pretrained weights), used as default guide means; for a site whose prior is a carried
+    posterior (:func:`~pyro_bbb.priors.from_guide`), the posterior mean instead.
 
     Args:
         model: A network from :func:`bayesianize`/:func:`mlp`, or a model containing one.
@@ -231,5 +259,9 @@ def initial_values(model: nn.Module) -> dict[str, torch.Tensor]:
         if isinstance(module, BayesianAffine):
             for param in module.bayesian_parameters:
                 site = f"{module._pyro_name}.{param}" if module._pyro_name else param
-                values[site] = getattr(module, f"{param}_init")
+                init = getattr(module, f"{param}_init")
+                carried = getattr(module.priors[param], "initial_loc", None)
+                if isinstance(carried, torch.Tensor) and carried.shape == init.shape:
+                    init = carried.to(device=init.device, dtype=init.dtype)
+                values[site] = init
     return values

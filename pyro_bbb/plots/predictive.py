@@ -30,6 +30,7 @@ def plot_regression_bands(
     shade: Sequence[tuple[float, float]] | None = None,
     shade_label: str | None = None,
     title: str | None = None,
+    reference: tuple[str, ArrayLike, ArrayLike] | None = None,
     path: str | os.PathLike[str] | None = None,
 ) -> Figure:
     r"""Plot a 1-D regression fit with epistemic and total ±2σ bands.
@@ -56,6 +57,8 @@ def plot_regression_bands(
             ``pyro_bbb.data.gap_regions()["gap"]``.
         shade_label: Legend label for the shaded intervals; none if omitted.
         title: Optional axes title.
+        reference: Optional ``(label, mean, epistemic_std)`` of another posterior at
+            ``x_test`` (e.g. NUTS's), drawn as its mean and ±2σ epistemic outline in red.
         path: Where to save the figure; not saved if omitted.
 
     Returns:
@@ -84,6 +87,16 @@ def plot_regression_bands(
         if (test[name] < 0).any():
             raise ValueError(f"{name} must be non-negative, got minimum {test[name].min():.6g}")
 
+    if reference is not None:
+        reference_label, *values = reference
+        for name, value in zip(("reference mean", "reference epistemic_std"), values, strict=True):
+            test[name] = vector(value, name)
+            if test[name].shape != xs.shape:
+                raise ValueError(
+                    f"{name} must have one value per x_test point ({xs.size}), got "
+                    f"{test[name].size}"
+                )
+
     order = np.argsort(xs, kind="stable")
     xs = xs[order]
     mu, epistemic, total = (test[name][order] for name in columns)
@@ -106,6 +119,12 @@ def plot_regression_bands(
         label="±2σ epistemic",
     )
     ax.plot(xs, mu, color="C0", lw=2, label="predictive mean")
+    if reference is not None:
+        ref_mu, ref_std = test["reference mean"][order], test["reference epistemic_std"][order]
+        ax.plot(xs, ref_mu, color="C3", lw=1.5, label=f"{reference_label} mean")
+        for sign in (-1, 1):
+            label = f"{reference_label} ±2σ epistemic" if sign > 0 else None
+            ax.plot(xs, ref_mu + sign * 2 * ref_std, color="C3", lw=1, ls=":", label=label)
     if true_fn is not None:
         truth = true_fn(torch.as_tensor(xs, dtype=torch.float32))
         ax.plot(xs, vector(truth, "true_fn(x_test)"), "--", color="C1", lw=1.5, label="truth")

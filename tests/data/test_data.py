@@ -15,6 +15,8 @@ from pyro_bbb.data import (
     gap_regression,
     load_uci,
     load_uci_folder,
+    permuted_digits,
+    split_digits,
     uci_num_splits,
     write_uci_folder,
 )
@@ -108,6 +110,36 @@ def test_digits_image_option_reshapes_to_one_channel_8x8():
 def test_digits_rejects_a_test_fraction_outside_zero_one():
     with pytest.raises(ValueError, match=r"test_fraction must be in \(0, 1\), got 1.5"):
         digits(test_fraction=1.5)
+
+
+def test_split_digits_are_five_two_class_tasks_that_partition_the_digits():
+    pytest.importorskip("sklearn")
+    full = digits(seed=0)
+    tasks = split_digits(seed=0)
+    assert len(tasks) == 5
+    for t, task in enumerate(tasks):
+        assert set(task.y_train.tolist()) == {0, 1} and set(task.y_test.tolist()) == {0, 1}
+        digit = task.y_train + 2 * t  # the original label of every image
+        expected = full.x_train[(full.y_train == 2 * t) | (full.y_train == 2 * t + 1)]
+        torch.testing.assert_close(task.x_train, expected)
+        torch.testing.assert_close(full.y_train[(full.y_train // 2) == t], digit)
+    assert sum(len(task.x_train) + len(task.x_test) for task in tasks) == 1797
+
+
+def test_permuted_digits_shuffle_every_images_pixels_alike_and_keep_the_labels():
+    pytest.importorskip("sklearn")
+    full = digits(seed=0)
+    tasks = permuted_digits(3, seed=0)
+    torch.testing.assert_close(tasks[0].x_train, full.x_train)  # task 0 is the digits
+    for task in tasks[1:]:
+        torch.testing.assert_close(task.y_test, full.y_test)
+        # every pixel of the task is one pixel of the digits, the same in train and test
+        same = (task.x_train.T[:, None] == full.x_train.T[None]).all(-1)
+        same &= (task.x_test.T[:, None] == full.x_test.T[None]).all(-1)
+        assert same.any(1).all()
+        assert torch.equal(task.x_train.sort(-1).values, full.x_train.sort(-1).values)
+        assert not torch.equal(task.x_train, full.x_train)
+    assert not torch.equal(tasks[1].x_train, tasks[2].x_train)
 
 
 # --- UCI --------------------------------------------------------------------------------------

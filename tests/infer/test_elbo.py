@@ -14,7 +14,7 @@ import pyro_bbb as bbb
 from pyro_bbb.infer import (
     AnnealedELBO,
 )
-from pyro_bbb.priors import Gaussian, ScaleMixture
+from pyro_bbb.priors import Gaussian, ScaleMixture, from_guide
 
 
 def small_regression(num_data=40, prior=None, seed=0):
@@ -171,3 +171,100 @@ def test_guide_site_without_rsample_is_refused_with_its_name():
 
     with pytest.raises(NotImplementedError, match="'k'"):
         AnnealedELBO().terms(model, guide)
+
+
+# --- priors carried from a trained guide (from_guide) ---------------------------------------
+
+
+def carried_problem(old_guide, new_guide, *, heads=1, seed=0):
+    """A model whose body (and first head) carry ``old_guide``'s posterior; a new guide on it.
+
+    The network is 3-5-``heads`` tanh; the old guide is trained on its first output only (a
+    3-5-1 network), so with ``heads=2`` the new model's second head has a fresh N(0, 1) prior.
+    """
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(30, 3, generator=g)
+    y = torch.tanh(x.sum(-1)) + 0.2 * torch.randn(30, generator=g)
+    old_model = bbb.BNN(bbb.mlp([3, 5, 1], "tanh"), bbb.likelihoods.Gaussian(scale=0.3), 30)
+    guide = old_guide(old_model, name="old")
+    bbb.fit(old_model, guide, x, y, epochs=30, seed=seed, progress=False)
+    prior = {**from_guide(guide), "*": Gaussian(1.0)}
+    net = bbb.mlp(
+        [3, 5, heads],
+        "tanh",
+        prior=prior if heads == 1 else {k: v for k, v in prior.items() if not k.startswith("2.")},
+    )
+    y2 = y if heads == 1 else torch.stack([y, -y], -1)
+    model = bbb.BNN(net, bbb.likelihoods.Gaussian(scale=0.3), num_data=30)
+    new = new_guide(model, name="new")
+    new(x, y2)
+    with torch.no_grad():  # move away from the prior's means so the KL is not trivial
+        for name, p in new.named_parameters():
+            p.add_((0.2 if "locs" in name else 0.3) * torch.randn_like(p))
+    return model, new, x, y2
+
+
+def monte_carlo_kl(model, guide, x, y, batches=8, particles=4000):
+    """Mean and standard error of the Monte Carlo KL, from independent batches of draws."""
+    elbo = AnnealedELBO(num_particles=particles, analytic_kl=False)
+    with torch.no_grad():
+        values = torch.stack([elbo.terms(model, guide, x, y).kl for _ in range(batches)])
+    return values.mean().item(), values.std().item() / math.sqrt(batches)
+
+
+MEAN_FIELD = bbb.MeanFieldGuide
+
+
+def LOW_RANK(model, **kw):
+    return bbb.LowRankGuide(model, rank=2, **kw)
+
+
+def NETWORK_BLOCK(model, **kw):
+    return bbb.LowRankGuide(model, rank=3, blocks="network", **kw)
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "heads", "closed_form_sites"),
+    [
+        # mean field against independent Normals: one term per site
+        (MEAN_FIELD, MEAN_FIELD, 1, {"0.weight", "0.bias", "2.weight", "2.bias"}),
+        # low rank against the blocks of a low-rank posterior: one term per block
+        (LOW_RANK, LOW_RANK, 1, {"_new.0", "_new.2"}),
+        # mean field against the blocks of a low-rank posterior: one term per prior block,
+        # recorded at the block's first site
+        (LOW_RANK, MEAN_FIELD, 1, {"0.weight", "2.weight"}),
+        # one guide block over two prior blocks and a fresh head: one term in all
+        (LOW_RANK, NETWORK_BLOCK, 2, {"_new.network"}),
+    ],
+    ids=["mf-on-mf", "lr-on-lr", "mf-on-lr", "network-on-layers"],
+)
+def test_closed_form_kl_against_a_carried_posterior_equals_monte_carlo(
+    old, new, heads, closed_form_sites
+):
+    model, guide, x, y = carried_problem(old, new, heads=heads)
+    terms = AnnealedELBO().terms(model, guide, x, y)
+    assert set(terms.sites) - {"obs"} == closed_form_sites  # no site fell back to Monte Carlo
+    again = AnnealedELBO().terms(model, guide, x, y)
+    assert torch.equal(again.kl, terms.kl)  # closed form: the same value for every draw
+    mean, stderr = monte_carlo_kl(model, guide, x, y)
+    assert terms.kl.item() > 1.0
+    assert abs(mean - terms.kl.item()) < 4 * stderr + 1e-3, (mean, stderr, terms.kl.item())
+
+
+def test_a_guide_block_that_splits_a_prior_block_falls_back_to_an_exact_monte_carlo_kl():
+    # prior: one block over the whole network; guide: one block per layer. The KL does not
+    # split into per-layer terms, so it is estimated, and the estimate is unbiased.
+    model, guide, x, y = carried_problem(NETWORK_BLOCK, LOW_RANK)
+    terms = AnnealedELBO().terms(model, guide, x, y)
+    assert {"0.weight", "0.bias", "2.weight", "2.bias"} <= set(terms.sites)
+    prior_block = model.net[0].priors["weight"].block
+    p = prior_block.joint(list(prior_block.sites), device=x.device, dtype=x.dtype)
+    q_blocks = [guide.block_distribution(b) for b in guide.block_names]
+    q_cov = torch.block_diag(*(q.covariance_matrix for q in q_blocks)).double()
+    q_loc = torch.cat([q.loc for q in q_blocks]).double()
+    exact = torch.distributions.kl_divergence(
+        torch.distributions.MultivariateNormal(q_loc, q_cov),
+        torch.distributions.MultivariateNormal(p.loc.double(), p.covariance_matrix.double()),
+    )
+    mean, stderr = monte_carlo_kl(model, guide, x, y)
+    assert abs(mean - exact.item()) < 4 * stderr + 1e-3, (mean, stderr, exact.item())

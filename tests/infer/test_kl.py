@@ -7,7 +7,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.distributions import kl_divergence
 
-from pyro_bbb.infer.kl import diagonal_normal_kl
+from pyro_bbb.infer.kl import (
+    _LOW_RANK_PARTS,
+    diagonal_normal_kl,
+    kl_diagonal_low_rank,
+    kl_low_rank_low_rank,
+)
 from pyro_bbb.priors import ScaleMixture
 
 shapes = st.lists(st.integers(1, 4), min_size=0, max_size=3).map(tuple)
@@ -71,3 +76,68 @@ def test_diagonal_normal_kl_keeps_a_learnable_prior_scale_in_the_graph():
     (grad,) = torch.autograd.grad(diagonal_normal_kl(q, p), log_scale)
     # d/ds KL at s = 1: n - (Σσ² + Σμ²) = 4 - (4·0.25 + 4) = -1
     assert grad.item() == pytest.approx(-1.0)
+
+
+def _dense(q):
+    """A Gaussian over (d,) as a dense MultivariateNormal."""
+    if isinstance(q, torch.distributions.LowRankMultivariateNormal):
+        return torch.distributions.MultivariateNormal(q.loc, q.covariance_matrix)
+    return torch.distributions.MultivariateNormal(
+        q.base_dist.loc, torch.diag_embed(q.base_dist.variance)
+    )
+
+
+@pytest.mark.parametrize("batch", [(), (4, 1)])
+def test_diagonal_against_low_rank_kl_equals_the_dense_gaussian_kl(batch):
+    g = torch.Generator().manual_seed(0)
+    d, r = 9, 3
+    p = dist.LowRankMultivariateNormal(
+        torch.randn(d, generator=g, dtype=torch.float64),
+        torch.randn(d, r, generator=g, dtype=torch.float64),
+        torch.rand(d, generator=g, dtype=torch.float64) + 0.1,
+    )
+    q = dist.Normal(
+        torch.randn(*batch, d, generator=g, dtype=torch.float64),
+        torch.rand(*batch, d, generator=g, dtype=torch.float64) + 0.1,
+    ).to_event(1)
+    expected = kl_divergence(_dense(q), _dense(p))
+    assert kl_diagonal_low_rank(q, p).shape == batch
+    assert torch.allclose(kl_diagonal_low_rank(q, p), expected, rtol=1e-10)
+    assert torch.allclose(kl_divergence(q, p), expected, rtol=1e-10)  # what dispatch picks
+
+
+@pytest.mark.parametrize("batch", [(), (4, 1)])
+def test_low_rank_against_low_rank_kl_equals_the_dense_kl_and_torchs_rule(batch):
+    g = torch.Generator().manual_seed(1)
+    d = 8
+
+    def low_rank(rank, batch=()):
+        return dist.LowRankMultivariateNormal(
+            torch.randn(*batch, d, generator=g, dtype=torch.float64),
+            torch.randn(d, rank, generator=g, dtype=torch.float64),
+            torch.rand(d, generator=g, dtype=torch.float64) + 0.1,
+        )
+
+    q, p = low_rank(2, batch), low_rank(3)
+    expected = kl_divergence(_dense(q), _dense(p))
+    assert kl_divergence(q, p).shape == batch
+    assert torch.allclose(kl_low_rank_low_rank(q, p), expected, rtol=1e-10)
+    assert torch.allclose(kl_divergence(q, p), expected, rtol=1e-10)  # what dispatch picks
+    torch_rule = torch.distributions.kl._kl_lowrankmultivariatenormal_lowrankmultivariatenormal
+    assert torch.allclose(kl_divergence(q, p), torch_rule(q, p), rtol=1e-10)
+
+
+def test_a_low_rank_priors_inverse_is_computed_once_and_not_for_a_learnable_one():
+    g = torch.Generator().manual_seed(2)
+    d = 6
+    q = dist.Normal(torch.randn(d, generator=g), torch.rand(d, generator=g) + 0.1).to_event(1)
+    p = dist.LowRankMultivariateNormal(
+        torch.zeros(d), torch.randn(d, 2, generator=g), torch.ones(d)
+    )
+    first = kl_diagonal_low_rank(q, p)
+    assert p in _LOW_RANK_PARTS
+    assert torch.equal(kl_diagonal_low_rank(q, p), first)
+    factor = torch.randn(d, 2, generator=g, requires_grad=True)
+    learnable = dist.LowRankMultivariateNormal(torch.zeros(d), factor, torch.ones(d))
+    kl_diagonal_low_rank(q, learnable).backward()
+    assert learnable not in _LOW_RANK_PARTS and factor.grad is not None

@@ -214,6 +214,12 @@ class LowRankGuide(GaussianGuide):
         self._require_setup()
         return [block.name for block in self._blocks]
 
+    @property
+    def block_sites(self) -> dict[str, dict[str, torch.Size]]:
+        """The sites of each block, in their order in it: ``{block: {site: shape}}``."""
+        self._require_setup()
+        return {block.name: {s.site: s.shape for s in block.slices} for block in self._blocks}
+
     @torch.no_grad()
     def posterior(self) -> dict[str, dist.TorchDistribution]:
         """The joint posterior of every block, ``{block name: distribution over (d,)}``."""

@@ -24,6 +24,7 @@ __all__ = [
     "STAT_NAMES",
     "ChainJob",
     "RecordingNUTS",
+    "chain_statistics",
     "guide_start",
     "initial_theta",
     "run_chain",
@@ -178,3 +179,27 @@ def run_in_worker(job: ChainJob) -> tuple[torch.Tensor, dict, None]:
     """:func:`run_chain` in a worker process: the MCMC object stays there."""
     draws, records, _ = run_chain(job)
     return draws, records, None
+
+
+def chain_statistics(
+    outputs: list[tuple[torch.Tensor, dict, MCMC | None]],
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """Per-draw statistics after warm-up ``{name: (num_chains, num_samples)}``, and warm-up's.
+
+    The warm-up statistics are ``mean_n_steps`` and the adapted ``step_size``, per chain.
+    """
+    stats, warmup_stats = {}, {"mean_n_steps": [], "step_size": []}
+    for name in STAT_NAMES:
+        dtype = torch.bool if name == "diverging" else None
+        per_chain = []
+        for _, records, _ in outputs:
+            keep = [v for v, w in zip(records[name], records["warmup"], strict=True) if not w]
+            per_chain.append(torch.tensor(keep, dtype=dtype))
+        stats[name] = torch.stack(per_chain)
+    for _, records, mcmc in outputs:
+        steps = [n for n, w in zip(records["n_steps"], records["warmup"], strict=True) if w]
+        warmup_stats["mean_n_steps"].append(sum(steps) / max(len(steps), 1))
+        warmup_stats["step_size"].append(
+            mcmc.kernel.step_size if mcmc else records["step_size"][-1]
+        )
+    return stats, {k: torch.tensor(v) for k, v in warmup_stats.items()}

@@ -25,6 +25,8 @@ import pyro.poutine as poutine
 import torch
 from pyro.distributions.transforms import biject_to
 from pyro.poutine.util import site_is_subsample
+from torch import nn
+from torch.distributions import constraints
 
 from ...likelihoods import Gaussian
 from ..sites import base_support, is_real_valued
@@ -34,10 +36,13 @@ __all__ = [
     "FlatSite",
     "Noise",
     "Potential",
+    "check_evaluation_mode",
     "flat_layout",
     "flatten",
     "latent_sites",
     "learned_noise",
+    "module_class_name",
+    "positive_support",
 ]
 
 #: The single key of the flat parameter vector in Pyro's MCMC.
@@ -151,6 +156,40 @@ class Potential:
         return -self._compiled(theta)
 
 
+#: Modules whose forward depends on training mode: random (dropout) or on the batch.
+_TRAINING_MODE = (
+    nn.modules.dropout._DropoutNd,
+    nn.modules.batchnorm._BatchNorm,
+    nn.modules.instancenorm._InstanceNorm,
+)
+
+
+def module_class_name(module: nn.Module) -> str:
+    """``Dropout`` for Pyro's ``PyroDropout``: the first class in the MRO that is not Pyro's."""
+    cls = next(c for c in type(module).__mro__ if not c.__module__.startswith("pyro."))
+    return cls.__name__
+
+
+def check_evaluation_mode(model) -> None:
+    """Refuse a network whose dropout or normalisation layers are in training mode.
+
+    In training mode dropout draws new masks at every call and batch normalisation uses (and
+    updates) batch statistics, so the potential is not a function of the weights alone and
+    NUTS's detailed balance fails silently.
+
+    Raises:
+        ValueError: Naming the first such module.
+    """
+    for name, module in model.named_modules():
+        if module.training and isinstance(module, _TRAINING_MODE):
+            raise ValueError(
+                f"run_nuts needs the network in evaluation mode, but module {name!r} "
+                f"({module_class_name(module)}) is in training mode, which makes the potential "
+                "random (dropout masks) or batch-dependent (batch statistics). Call "
+                "model.eval() before run_nuts, and keep it so for predictions from the result"
+            )
+
+
 def flat_layout(
     model, x: torch.Tensor, y: torch.Tensor, noise: Noise
 ) -> tuple[list[FlatSite], str | None, torch.Tensor | None]:
@@ -204,10 +243,26 @@ def flat_layout(
         return sites, noise_name, model.likelihood.scale.detach().clone()
     if not isinstance(noise, torch.distributions.Distribution) or noise.event_shape:
         raise TypeError(f"noise must be 'fixed' or a scalar distribution, got {noise!r}")
-    if not torch.distributions.constraints.positive.check(noise.sample()).all():
-        raise ValueError(f"noise's prior must be over positive values, got {noise!r}")
+    if not positive_support(noise):
+        raise ValueError(
+            f"noise's prior must be over positive values (support (0, inf) or within it), got "
+            f"{noise!r} with support {base_support(noise)}"
+        )
     sites.append(FlatSite(noise_name, torch.Size(), start, start + 1, prior=noise))
     return sites, noise_name, None
+
+
+def positive_support(distribution: torch.distributions.Distribution) -> bool:
+    r"""Whether a distribution's support lies in :math:`[0, \infty)` (read, not sampled).
+
+    ``positive``, ``nonnegative``, ``greater_than(a)`` and ``interval(a, b)`` with
+    :math:`a \ge 0` qualify: ``biject_to`` maps the real line onto them, so a sampled scale
+    is never 0 or negative. A ``Normal(1, 0.3)``, whose draws are almost always positive,
+    does not.
+    """
+    support = base_support(distribution)
+    kinds = (constraints.greater_than, constraints.greater_than_eq, constraints.interval)
+    return isinstance(support, kinds) and float(support.lower_bound) >= 0
 
 
 def flatten(values: Mapping[str, torch.Tensor], sites: list[FlatSite]) -> torch.Tensor:

@@ -32,9 +32,10 @@ class NUTSResult:
             ``lp`` (log joint :math:`\log p(y, w)` of the training data, plus the log
             Jacobian of a sampled noise scale), ``diverging``, ``tree_depth``
             (:math:`\lceil\log_2(\text{n\_steps} + 1)\rceil`), ``n_steps`` (leapfrog
-            steps), ``step_size`` and ``acceptance_rate``.
-        mcmc: One :class:`~pyro.infer.MCMC` per chain (``None`` for chains run in worker
-            processes, whose MCMC objects stay there).
+            steps), ``step_size`` and ``acceptance_rate``; with ``backend="numpyro"`` also
+            ``energy`` (the Hamiltonian, which ArviZ's BFMI reads).
+        mcmc: One Pyro :class:`~pyro.infer.MCMC` per chain (``None`` for chains run in
+            worker processes, whose MCMC objects stay there, and for ``backend="numpyro"``).
         wall_time: Seconds from the call to the return: initialisation, warm-up and sampling.
         warmup_steps: Warm-up iterations per chain.
         warmup_stats: ``{name: (num_chains,)}``: ``mean_n_steps`` during warm-up and the
@@ -42,6 +43,7 @@ class NUTSResult:
         noise: ``"fixed"``, ``"prior"`` or ``"none"`` (the likelihood has no scale to learn).
         noise_site: Name of the noise scale if it was sampled or held fixed, else ``None``.
         noise_value: The fixed noise scale (``noise="fixed"``), else ``None``.
+        backend: The sampler that drew them, ``"pyro"`` or ``"numpyro"``.
     """
 
     samples: dict[str, torch.Tensor]
@@ -53,6 +55,7 @@ class NUTSResult:
     noise: str = "none"
     noise_site: str | None = None
     noise_value: float | None = None
+    backend: str = "pyro"
 
     @property
     def num_chains(self) -> int:
@@ -100,7 +103,8 @@ class NUTSResult:
         return (
             f"NUTSResult(num_chains={self.num_chains}, num_samples={self.num_samples}, "
             f"warmup_steps={self.warmup_steps}, sites={list(self.samples)}, "
-            f"divergences={self.num_divergences}, wall_time={self.wall_time:.1f}s)"
+            f"divergences={self.num_divergences}, wall_time={self.wall_time:.1f}s, "
+            f"backend={self.backend!r})"
         )
 
 

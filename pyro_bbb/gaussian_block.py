@@ -1,0 +1,302 @@
+r"""The joint Gaussian of a block of sites, drawn one site at a time.
+
+A trained :class:`~pyro_bbb.LowRankGuide` approximates a block of weights (a layer's weight
+and bias, or a whole network) by one Gaussian :math:`\mathcal{N}(\mu, D + VV^\top)` over their
+concatenated, flattened values. Used as a prior, the block must still be drawn site by site
+under the model's own names (``"fc1.weight"``, then ``"fc1.bias"``), with an exact log
+density. :class:`GaussianBlock` does it by the chain rule: each site is drawn from its
+Gaussian conditional given the sites of the block already drawn in this run of the model, so
+the sites' log densities add up to the block's joint log density in any order, and a site the
+model never draws is marginalised out.
+
+The conditionals of a low-rank-plus-diagonal Gaussian are low-rank-plus-diagonal too. For a
+site :math:`b` given the sites :math:`a` drawn before it, :math:`\Sigma_{ba} = V_b V_a^\top`
+and the Woodbury identity give
+
+.. math::
+
+    b \mid a \sim \mathcal{N}\big(\mu_b + U_b z,\; D_b + U_b U_b^\top\big), \qquad
+    U_b = V_b L^{-\top}, \quad z = L^{-1} V_a^\top D_a^{-1}(a - \mu_a),
+
+where :math:`LL^\top = I_r + V_a^\top D_a^{-1} V_a` is the :math:`r \times r` capacitance of the
+sites drawn so far: :math:`O(d r)` work per draw once :math:`L` and :math:`U_b` are cached, and
+never a :math:`d \times d` matrix.
+
+This module holds :class:`GaussianBlock` and :class:`SiteConditional`, the distribution of one
+site given the others. It knows nothing of guides or inference; the ELBO reads
+:attr:`SiteConditional.block` and :attr:`SiteConditional.given` to compute the KL divergence
+of a whole block in closed form.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import pyro.distributions as dist
+import torch
+from pyro.distributions import constraints
+
+__all__ = ["GaussianBlock", "SiteConditional"]
+
+
+class GaussianBlock:
+    r""":math:`\mathcal{N}(\mu, D + VV^\top)` over the concatenated values of named sites.
+
+    The tensors are detached and copied; moved copies for each device and dtype the block is
+    used on are made once and cached, as are the factors of each conditional.
+
+    Args:
+        loc: :math:`\mu`, shape ``(d,)``.
+        cov_factor: :math:`V`, shape ``(d, r)`` with ``r >= 1``.
+        cov_diag: The diagonal of :math:`D`, shape ``(d,)``, positive.
+        sites: ``{site name: shape}`` in the order the sites are concatenated; the shapes'
+            sizes add up to ``d``.
+
+    Raises:
+        ValueError: On inconsistent shapes or a non-positive diagonal.
+    """
+
+    def __init__(
+        self,
+        loc: torch.Tensor,
+        cov_factor: torch.Tensor,
+        cov_diag: torch.Tensor,
+        sites: Mapping[str, Sequence[int]],
+    ) -> None:
+        self.sites = {name: torch.Size(shape) for name, shape in sites.items()}
+        d = sum(shape.numel() for shape in self.sites.values())
+        if loc.shape != (d,) or cov_diag.shape != (d,) or cov_factor.dim() != 2:
+            raise ValueError(
+                f"a block of sites {list(self.sites)} has {d} values: loc and cov_diag must be "
+                f"({d},) and cov_factor ({d}, rank), got {tuple(loc.shape)}, "
+                f"{tuple(cov_diag.shape)} and {tuple(cov_factor.shape)}"
+            )
+        if cov_factor.shape[0] != d or cov_factor.shape[1] < 1:
+            raise ValueError(f"cov_factor must be ({d}, rank >= 1), got {tuple(cov_factor.shape)}")
+        if not bool((cov_diag > 0).all()):
+            raise ValueError("cov_diag must be positive")
+        self.loc = loc.detach().clone()
+        self.cov_factor = cov_factor.detach().clone()
+        self.cov_diag = cov_diag.detach().clone()
+        self._slices: dict[str, slice] = {}
+        start = 0
+        for name, shape in self.sites.items():
+            self._slices[name] = slice(start, start + shape.numel())
+            start += shape.numel()
+        self._cache: dict[tuple, object] = {}
+
+    @property
+    def rank(self) -> int:
+        """``r``, the columns of :math:`V`."""
+        return self.cov_factor.shape[1]
+
+    def __repr__(self) -> str:
+        return (
+            f"GaussianBlock(sites={list(self.sites)}, size={self.loc.shape[0]}, rank={self.rank})"
+        )
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_cache": {}}  # moved copies are rebuilt where unpickled
+
+    def site_loc(self, site: str) -> torch.Tensor:
+        """The marginal mean of one site, in the site's shape."""
+        return self.loc[self._slices[site]].reshape(self.sites[site])
+
+    # -- the pieces on a device
+    def _pieces(self, device: torch.device, dtype: torch.dtype) -> dict[str, tuple]:
+        """Per site, on ``device``: ``(mu, V, D, V / D)``, each flat over the site."""
+        key = ("pieces", device, dtype)
+        pieces = self._cache.get(key)
+        if pieces is None:
+            loc, factor, diag = (
+                t.to(device=device, dtype=dtype) for t in (self.loc, self.cov_factor, self.cov_diag)
+            )
+            pieces = {
+                name: (loc[s], factor[s], diag[s], factor[s] / diag[s].unsqueeze(-1))
+                for name, s in self._slices.items()
+            }
+            self._cache[key] = pieces
+        return pieces
+
+    def joint(
+        self, sites: Sequence[str], *, device: torch.device, dtype: torch.dtype
+    ) -> dist.LowRankMultivariateNormal:
+        """The marginal of ``sites`` (a subset, in any order) over their concatenation.
+
+        Returns:
+            A ``LowRankMultivariateNormal`` with event shape ``(sum of the sites' sizes,)``.
+
+        Raises:
+            KeyError: If a site is not in the block.
+        """
+        sites = tuple(sites)
+        key = ("joint", sites, device, dtype)
+        joint = self._cache.get(key)
+        if joint is None:
+            self._check_sites(sites)
+            pieces = self._pieces(device, dtype)
+            loc, factor, diag = (torch.cat([pieces[s][i] for s in sites]) for i in range(3))
+            joint = dist.LowRankMultivariateNormal(loc, factor, diag)
+            self._cache[key] = joint
+        return joint
+
+    def conditional(
+        self,
+        site: str,
+        drawn: Mapping[str, torch.Tensor],
+        *,
+        device: torch.device,
+        dtype: torch.dtype,
+    ) -> SiteConditional:
+        """The distribution of ``site`` given the values of the block's sites in ``drawn``.
+
+        Args:
+            site: A site of the block.
+            drawn: Values of other sites of the block, ``(*batch, *site shape)`` each; entries
+                for sites outside the block are ignored.
+            device: Where the distribution lives.
+            dtype: Its floating-point type.
+
+        Returns:
+            A :class:`SiteConditional` with event shape the site's shape and batch shape the
+            broadcast of the drawn values' leading dims.
+
+        Raises:
+            KeyError: If ``site`` is not in the block.
+            ValueError: If a drawn value does not have its site's shape.
+        """
+        self._check_sites((site,))
+        given = tuple(name for name in self.sites if name in drawn and name != site)
+        key = ("conditional", site, given, device, dtype)
+        cached = self._cache.get(key)
+        if cached is None:
+            cached = self._conditional_factors(site, given, device, dtype)
+            self._cache[key] = cached
+        base, tril, factor = cached
+        if not given:
+            return SiteConditional(base, None, self.sites[site], block=self, site=site, given=())
+        pieces = self._pieces(device, dtype)
+        projected = 0  # V_aᵀ D_a⁻¹ (a − μ_a), shape (*batch, r)
+        for name in given:
+            value = drawn[name]
+            shape = self.sites[name]
+            if value.shape[value.dim() - len(shape) :] != shape:
+                raise ValueError(
+                    f"site {name!r} of the block must end in shape {tuple(shape)}, got a value "
+                    f"of shape {tuple(value.shape)}"
+                )
+            loc, _, _, scaled = pieces[name]
+            flat = value.reshape(*value.shape[: value.dim() - len(shape)], -1)
+            projected = projected + (flat - loc) @ scaled
+        z = torch.linalg.solve_triangular(tril, projected.unsqueeze(-1), upper=False).squeeze(-1)
+        return SiteConditional(
+            base, z @ factor.mT, self.sites[site], block=self, site=site, given=given
+        )
+
+    def _conditional_factors(self, site, given, device, dtype):
+        """``(base, L, U_b)`` of a conditional, computed in float64 and cast once."""
+        pieces = self._pieces(device, torch.float64)
+        loc, factor, diag, _ = pieces[site]
+        rank = self.rank
+        capacitance = torch.eye(rank, dtype=torch.float64, device=device)
+        for name in given:
+            _, v, _, scaled = pieces[name]
+            capacitance = capacitance + v.mT @ scaled
+        tril = torch.linalg.cholesky(capacitance)
+        # U_b = V_b L⁻ᵀ, from L U_bᵀ = V_bᵀ
+        cond_factor = torch.linalg.solve_triangular(tril, factor.mT, upper=False).mT
+        cast = {"device": device, "dtype": dtype}
+        base = dist.LowRankMultivariateNormal(
+            loc.to(**cast), cond_factor.to(**cast), diag.to(**cast)
+        )
+        return base, tril.to(**cast), cond_factor.to(**cast)
+
+    def _check_sites(self, sites: Sequence[str]) -> None:
+        unknown = [s for s in sites if s not in self.sites]
+        if unknown:
+            raise KeyError(
+                f"site(s) {unknown} are not in the block; its sites are {list(self.sites)}"
+            )
+
+
+class SiteConditional(dist.TorchDistribution):
+    r"""One site of a :class:`GaussianBlock` given the block's sites drawn before it.
+
+    :math:`\mathcal{N}(\mu_b + \text{shift}, D_b + U_b U_b^\top)` reshaped to the site's shape:
+    ``base`` is the flat Gaussian with the shift left out, so that it is built once, and
+    ``shift`` (``(*batch, d_b)``, or ``None`` for a site drawn first) carries the dependence on
+    the drawn values.
+
+    Attributes:
+        block: The :class:`GaussianBlock` this site belongs to.
+        site: The site's name.
+        given: The names of the block's sites this distribution is conditioned on.
+    """
+
+    arg_constraints = {}  # noqa: RUF012 (torch's class-level convention)
+    has_rsample = True
+
+    def __init__(
+        self,
+        base: dist.LowRankMultivariateNormal,
+        shift: torch.Tensor | None,
+        shape: torch.Size,
+        *,
+        block: GaussianBlock,
+        site: str,
+        given: tuple[str, ...],
+        batch_shape: torch.Size | None = None,
+    ) -> None:
+        self.base, self.shift = base, shift
+        self.block, self.site, self.given = block, site, given
+        if batch_shape is None:
+            batch_shape = torch.Size(()) if shift is None else shift.shape[:-1]
+        super().__init__(torch.Size(batch_shape), torch.Size(shape), validate_args=False)
+
+    @property
+    def support(self) -> constraints.Constraint:
+        """The reals, one event of the site's shape."""
+        return constraints.independent(constraints.real, len(self.event_shape))
+
+    def expand(self, batch_shape, _instance=None) -> SiteConditional:  # noqa: D102 (torch's API)
+        batch_shape = torch.Size(batch_shape)
+        shift = None if self.shift is None else self.shift.expand(*batch_shape, -1)
+        return SiteConditional(
+            self.base,
+            shift,
+            self.event_shape,
+            block=self.block,
+            site=self.site,
+            given=self.given,
+            batch_shape=batch_shape,
+        )
+
+    def _flat_loc(self) -> torch.Tensor:
+        loc = self.base.loc if self.shift is None else self.base.loc + self.shift
+        return loc.expand(*self.batch_shape, loc.shape[-1])
+
+    @property
+    def mean(self) -> torch.Tensor:
+        """The conditional mean, ``(*batch, *site shape)``."""
+        return self._flat_loc().reshape(*self.batch_shape, *self.event_shape)
+
+    @property
+    def variance(self) -> torch.Tensor:
+        """The conditional variances, ``(*batch, *site shape)``."""
+        var = self.base.variance.expand(*self.batch_shape, -1)
+        return var.reshape(*self.batch_shape, *self.event_shape)
+
+    def rsample(self, sample_shape: torch.Size = torch.Size()) -> torch.Tensor:  # noqa: B008
+        """Draw ``(*sample_shape, *batch, *site shape)``, differentiably in the shift."""
+        flat = self.base.rsample(torch.Size(sample_shape) + self.batch_shape)
+        if self.shift is not None:
+            flat = flat + self.shift
+        return flat.reshape(*flat.shape[:-1], *self.event_shape)
+
+    def log_prob(self, value: torch.Tensor) -> torch.Tensor:
+        """Log-density of ``value`` ``(..., *site shape)``, shape the broadcast batch dims."""
+        flat = value.reshape(*value.shape[: value.dim() - len(self.event_shape)], -1)
+        if self.shift is not None:
+            flat = flat - self.shift
+        log_p = self.base.log_prob(flat)
+        return log_p.expand(torch.broadcast_shapes(log_p.shape, self.batch_shape))
