@@ -57,6 +57,9 @@ if rank == 0:  # the History is the same on every process; print it once
     print("epistemic std near the data and in the gap:", pred.epistemic_std)
     pyro_bbb.save("ddp_bnn.pt", model, guide)  # pyro_bbb.load fills a fresh model and guide
     print(f"checkpoint: {checkpoint}, trained model: ddp_bnn.pt")
+    from pyro_bbb.plots import plot_history  # matplotlib is needed for figures only
+
+    plot_history(history, title=f"{world_size} process(es)", path="ddp_history.png")
 
 if dist.is_initialized():
     dist.destroy_process_group()

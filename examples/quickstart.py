@@ -1,4 +1,4 @@
-"""Quick start: fit a Bayesian MLP to 1-D data with a gap and print its uncertainty."""
+"""Quick start: fit a Bayesian MLP to 1-D data with a gap, print its uncertainty, plot its bands."""
 
 import pyro
 import torch
@@ -30,3 +30,11 @@ torch.set_printoptions(precision=2)
 print("mean", pred.mean, "std", pred.std)
 print("epistemic", pred.epistemic_std, "aleatoric", pred.aleatoric_std)
 print("95% interval", lower, upper)
+
+from pyro_bbb.plots import plot_regression_bands  # matplotlib is needed for figures only
+
+x_grid = torch.linspace(-7, 7, 281).unsqueeze(-1)  # the data, the gap and beyond
+grid = pyro_bbb.predict(model, guide, x_grid, num_samples=200, seed=0)
+plot_regression_bands(
+    x, y, x_grid, grid.mean, grid.epistemic_std, grid.std, true_fn=torch.sin, path="quickstart.png"
+)

@@ -14,10 +14,14 @@ import argparse
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from .demo import demo
+
+if TYPE_CHECKING:
+    from .bench import UCIResults
 
 __all__ = ["bench_uci", "main"]
 
@@ -31,8 +35,8 @@ def bench_uci(
     methods: Sequence[str] | None = None,
     jobs: int = 1,
     progress: bool | None = None,
-    **options,
-):
+    **options: Any,
+) -> UCIResults:
     """Run the UCI protocol on every data set under ``path``; print and save the tables.
 
     Args:

@@ -13,8 +13,13 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from .infer.mcmc import NUTSResult
+    from .infer.predictive import RegressionPrediction
 
 __all__ = ["REGIONS", "GapDemo", "demo", "fit_gap_demo", "nuts_gap_demo", "uncertainty_by_region"]
 
@@ -79,7 +84,7 @@ def fit_gap_demo(
 
 def nuts_gap_demo(
     fitted: GapDemo, *, draws: int = 200, seed: int = 0, progress: bool | None = None
-):
+) -> NUTSResult:
     """Sample the demo's model with NUTS (NumPyro backend), the noise held at VI's value.
 
     Two chains of ``draws`` warm-up iterations and ``draws`` draws. This posterior (481
@@ -116,7 +121,9 @@ def nuts_gap_demo(
 REGIONS = {"gap": (0.0, 1.0), "data": (1.25, 3.75), "extrapolation": (5.0, 7.0)}
 
 
-def uncertainty_by_region(pred, x: torch.Tensor) -> dict[str, dict[str, float]]:
+def uncertainty_by_region(
+    pred: RegressionPrediction, x: torch.Tensor
+) -> dict[str, dict[str, float]]:
     """Mean epistemic and total predictive std in each of :data:`REGIONS`.
 
     Args:

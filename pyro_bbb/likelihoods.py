@@ -149,7 +149,7 @@ class Gaussian(Likelihood):
 
 
 class Categorical(Likelihood):
-    r"""Class labels from logits: :math:`y \\sim \\text{Categorical}(\\text{softmax}(f(x)))`.
+    r"""Class labels from logits: :math:`y \sim \text{Categorical}(\text{softmax}(f(x)))`.
 
     The network outputs ``C`` logits per point; targets are int64 labels ``(batch,)`` in
     ``[0, C)``.
@@ -177,7 +177,7 @@ class Categorical(Likelihood):
 
 
 class Bernoulli(Likelihood):
-    r"""Binary labels from logits: :math:`y \\sim \\text{Bernoulli}(\\sigma(f(x)))`.
+    r"""Binary labels from logits: :math:`y \sim \text{Bernoulli}(\sigma(f(x)))`.
 
     One output per point gives targets ``(batch,)``; ``D`` outputs give ``(batch, D)``
     multi-label targets as one event. Targets are 0/1 (any dtype; cast to the output's).

@@ -10,15 +10,17 @@ place. ``tests/test_docs.py`` checks that the pages match the package.
 from __future__ import annotations
 
 import importlib
-import inspect
 import pkgutil
 import re
 import sys
 from pathlib import Path
 
+import griffe
+
 ROOT = Path(__file__).resolve().parents[2]
 API = ROOT / "docs" / "api"
-NAV_START, NAV_END = "  # --- API pages (docs/_tools/api_pages.py) ---", "  # --- end of API pages ---"
+NAV_START = "  # --- API pages (docs/_tools/api_pages.py) ---"
+NAV_END = "  # --- end of API pages ---"
 
 
 def public_modules() -> list[str]:
@@ -43,21 +45,19 @@ def page_path(module: str) -> Path:
     return API.joinpath(*parts[:-1], f"{parts[-1]}.md")
 
 
-def _summary(obj: object) -> str:
-    doc = inspect.getdoc(obj) or ""
+def _documented(package: griffe.Module, name: str) -> griffe.Object:
+    """Where ``package``'s public ``name`` is defined (re-exports followed to the end)."""
+    member = package[name]
+    return member.final_target if member.is_alias else member
+
+
+def _summary(obj: griffe.Object) -> str:
+    """The first paragraph of an object's docstring, on one line, roles as code or math."""
+    doc = obj.docstring.value if obj.docstring else ""
     first = doc.split("\n\n", 1)[0].replace("\n", " ").strip()
     first = re.sub(r":math:`([^`]+)`", r"$\1$", first)
-    return re.sub(r":[a-z]+:`~?([^`]+)`", lambda m: f"`{m.group(1).rsplit('.', 1)[-1]}`", first)
-
-
-def _canonical(module: object, name: str) -> str:
-    obj = getattr(module, name)
-    if inspect.ismodule(obj):
-        return obj.__name__
-    home = getattr(obj, "__module__", None)
-    if home and hasattr(sys.modules.get(home), name):
-        return f"{home}.{name}"
-    return f"{module.__name__}.{name}"
+    first = re.sub(r":[a-z]+:`~?([^`]+)`", lambda m: f"`{m.group(1).rsplit('.', 1)[-1]}`", first)
+    return first.replace("|", "\\|")
 
 
 def module_page(module: str) -> str:
@@ -70,6 +70,9 @@ def module_page(module: str) -> str:
 
 def index_page(modules: list[str]) -> str:
     """The API index: every package's public names, linked, with their first line."""
+    root = griffe.load(
+        "pyro_bbb", search_paths=[str(ROOT)], docstring_parser="google", resolve_aliases=True
+    )
     lines = [
         "# API reference",
         "",
@@ -82,31 +85,33 @@ def index_page(modules: list[str]) -> str:
         exported = getattr(module, "__all__", None)
         if not hasattr(module, "__path__") or not exported:
             continue
+        package = root if name == "pyro_bbb" else root[name.removeprefix("pyro_bbb.")]
         lines += [f"## `{name}`", "", "| name | what it is |", "| --- | --- |"]
         for public in exported:
-            target = _canonical(module, public)
-            summary = _summary(getattr(module, public)).replace("|", "\\|")
-            lines.append(f"| [`{public}`][{target}] | {summary} |")
+            target = _documented(package, public)
+            lines.append(f"| [`{public}`][{target.path}] | {_summary(target)} |")
         lines.append("")
     return "\n".join(lines)
 
 
 def nav(modules: list[str]) -> list[str]:
     """The navigation entries of the API section, as ``mkdocs.yml`` lines, nested by package."""
-    entries = ["    - Index: api/index.md"]
-    groups: dict[str, list[str]] = {}
-    for name in modules:
-        parts = name.split(".")
-        key = parts[1] if len(parts) > 1 else ""
-        groups.setdefault(key, []).append(name)
-    for key, names in groups.items():
-        pages = [(n, page_path(n).relative_to(ROOT / "docs").as_posix()) for n in names]
-        if len(pages) == 1:
-            entries.append(f"    - {pages[0][0]}: {pages[0][1]}")
-            continue
-        entries.append(f"    - pyro_bbb.{key}:")
-        entries += [f"      - {n}: {path}" for n, path in pages]
-    return entries
+    docs = ROOT / "docs"
+
+    def entries(package: str, depth: int) -> list[str]:
+        pad = "  " * depth
+        lines = [f"{pad}- {package}: {page_path(package).relative_to(docs).as_posix()}"]
+        for name in modules:
+            if name.rpartition(".")[0] != package:
+                continue
+            if hasattr(importlib.import_module(name), "__path__"):
+                lines.append(f"{pad}- {name}:")
+                lines += entries(name, depth + 1)
+            else:
+                lines.append(f"{pad}- {name}: {page_path(name).relative_to(docs).as_posix()}")
+        return lines
+
+    return ["    - Index: api/index.md", *entries("pyro_bbb", 2)]
 
 
 def main() -> None:

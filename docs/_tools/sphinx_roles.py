@@ -25,7 +25,9 @@ import griffe
 
 _ROLE = re.compile(r":(func|class|mod|meth|attr|data|exc|obj):`(~?)([^`]+)`")
 _MATH_ROLE = re.compile(r":math:`([^`]+)`")
-_MATH_BLOCK = re.compile(r"^(?P<indent>[ \t]*)\.\. math::[ \t]*\n((?:(?P=indent)[ \t]+.*\n|[ \t]*\n)+)", re.M)
+_MATH_BLOCK = re.compile(
+    r"^(?P<indent>[ \t]*)\.\. math::[ \t]*\n((?:(?P=indent)[ \t]+.*\n|[ \t]*\n)+)", re.M
+)
 _LITERAL_MARKER = re.compile(r"(?<=\S)::[ \t]*$", re.M)
 
 

@@ -31,6 +31,7 @@ __all__ = [
 
 #: The methods the protocol compares, all on the same model code.
 METHODS: tuple[str, ...] = ("bnn", "deterministic", "mc_dropout")
+"""The methods the protocol runs: the BNN, a deterministic net and MC dropout."""
 
 Figures = dict[str, dict[str, dict[str, tuple[float, float]]]]
 

@@ -50,13 +50,15 @@ def gap_regions() -> dict[str, list[tuple[float, float]]]:
     Every value is a list of closed ``(low, high)`` intervals, so each region can be passed
     straight to :func:`pyro_bbb.plots.plot_regression_bands` as ``shade=``.
 
-    Returns:
-        A fresh dict with keys
+    The regions:
 
-        * ``"data"``: ``[(-4, -1), (1, 4)]``, where :func:`gap_regression` draws inputs;
-        * ``"gap"``: ``[(-1, 1)]``, between the two clusters, where a good model's epistemic
-          uncertainty should grow;
-        * ``"extrapolation"``: ``[(-7, -4), (4, 7)]``, beyond the data on either side.
+    * ``"data"``: ``[(-4, -1), (1, 4)]``, where :func:`gap_regression` draws inputs;
+    * ``"gap"``: ``[(-1, 1)]``, between the two clusters, where a good model's epistemic
+      uncertainty should grow;
+    * ``"extrapolation"``: ``[(-7, -4), (4, 7)]``, beyond the data on either side.
+
+    Returns:
+        A fresh dict ``{region: [(low, high), ...]}`` with the three keys above.
     """
     return {
         "data": list(_GAP_DATA_INTERVALS),

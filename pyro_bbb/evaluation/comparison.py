@@ -13,8 +13,9 @@ al. 2021 (https://arxiv.org/abs/2104.14421).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -134,9 +135,9 @@ def _name(posterior) -> str:
 
 @torch.no_grad()
 def compare(
-    model,
-    a,
-    b,
+    model: Callable[..., Any],
+    a: Callable[..., Any] | NUTSResult,
+    b: Callable[..., Any] | NUTSResult,
     x_test: torch.Tensor,
     y_test: torch.Tensor,
     *,

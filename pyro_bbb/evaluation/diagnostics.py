@@ -12,7 +12,9 @@ on first use.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import pyro
 import torch
@@ -31,8 +33,8 @@ __all__ = [
 
 
 def psis_khat(
-    model,
-    guide,
+    model: Callable[..., Any],
+    guide: Callable[..., Any],
     x: torch.Tensor,
     y: torch.Tensor,
     *,
@@ -160,7 +162,7 @@ class FunctionSpaceDiagnostics:
 
 @torch.no_grad()
 def function_space_diagnostics(
-    model, result: NUTSResult, x: torch.Tensor, *, batch_size: int | None = None
+    model: Callable[..., Any], result: NUTSResult, x: torch.Tensor, *, batch_size: int | None = None
 ) -> FunctionSpaceDiagnostics:
     r"""Bulk ESS and R̂ of the network's output at ``x``, from every draw of a NUTS run.
 

@@ -10,8 +10,9 @@ on first use, so ``import pyro_bbb`` stays light.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyro
@@ -65,7 +66,12 @@ class Draws:
 
 @torch.no_grad()
 def posterior_draws(
-    model, posterior, x: torch.Tensor, y: torch.Tensor | None = None, *, num_samples: int = 500
+    model: Callable[..., Any],
+    posterior: Callable[..., Any] | NUTSResult,
+    x: torch.Tensor,
+    y: torch.Tensor | None = None,
+    *,
+    num_samples: int = 500,
 ) -> Draws:
     """Draw weights from a guide (or take a NUTS result's) and replay them through the model.
 
@@ -147,8 +153,8 @@ def numpy_of(t: torch.Tensor) -> np.ndarray:
 
 
 def to_inference_data(
-    model,
-    posterior,
+    model: Callable[..., Any],
+    posterior: Callable[..., Any] | NUTSResult,
     x: torch.Tensor,
     y: torch.Tensor,
     *,

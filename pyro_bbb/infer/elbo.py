@@ -23,7 +23,8 @@ This module holds no training loop and no schedule: :func:`~pyro_bbb.fit` sets
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import pyro.distributions as dist
 import pyro.poutine as poutine
@@ -147,9 +148,9 @@ class ELBOTerms(NamedTuple):
     r"""One estimate of the annealed objective and its parts, all for the whole data set.
 
     Attributes:
-        loss: :math:`-\\mathcal{L}_\\beta`, the differentiable scalar to minimise.
-        nll: Expected negative log-likelihood, :math:`-\\mathbb{E}_q \\sum_i \\log p(y_i|w)`.
-        kl: :math:`\\mathrm{KL}(q \\| p)`, unweighted by β (closed form or one-sample MC).
+        loss: :math:`-\mathcal{L}_\beta`, the differentiable scalar to minimise.
+        nll: Expected negative log-likelihood, :math:`-\mathbb{E}_q \sum_i \log p(y_i|w)`.
+        kl: :math:`\mathrm{KL}(q \| p)`, unweighted by β (closed form or one-sample MC).
         beta: The β used.
         sites: Each site's contribution: its scaled log-likelihood (observed sites) or its
             KL term (latent sites), for diagnostics such as locating a NaN.
@@ -264,7 +265,9 @@ class AnnealedELBO(ELBO):
         self._has_closed_form[key] = True
         return kl
 
-    def terms(self, model, guide, *args, **kwargs) -> ELBOTerms:
+    def terms(
+        self, model: Callable[..., Any], guide: Callable[..., Any], *args: Any, **kwargs: Any
+    ) -> ELBOTerms:
         """Estimate the objective and its parts from one (vectorised) draw.
 
         Args:
@@ -387,16 +390,22 @@ class AnnealedELBO(ELBO):
         return scale_and_mask(log_p, site["scale"], site["mask"]).sum()
 
     # -- the pyro.infer.ELBO interface
-    def differentiable_loss(self, model, guide, *args, **kwargs) -> torch.Tensor:
+    def differentiable_loss(
+        self, model: Callable[..., Any], guide: Callable[..., Any], *args: Any, **kwargs: Any
+    ) -> torch.Tensor:
         """The negative annealed ELBO as a differentiable scalar."""
         return self.terms(model, guide, *args, **kwargs).loss
 
-    def loss(self, model, guide, *args, **kwargs) -> float:
+    def loss(
+        self, model: Callable[..., Any], guide: Callable[..., Any], *args: Any, **kwargs: Any
+    ) -> float:
         """The negative annealed ELBO as a float, without gradients."""
         with torch.no_grad():
             return self.terms(model, guide, *args, **kwargs).loss.item()
 
-    def loss_and_grads(self, model, guide, *args, **kwargs) -> float:
+    def loss_and_grads(
+        self, model: Callable[..., Any], guide: Callable[..., Any], *args: Any, **kwargs: Any
+    ) -> float:
         """Compute the loss and backpropagate it into the parameters (for ``pyro.infer.SVI``)."""
         loss = self.terms(model, guide, *args, **kwargs).loss
         if loss.requires_grad:

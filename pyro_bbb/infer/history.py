@@ -18,10 +18,10 @@ class History:
     estimates, each of which is unbiased for the full-batch value.
 
     Attributes:
-        loss: Negative β-annealed ELBO, :math:`\\text{nll} + \\beta\\,\\text{kl}` (nats).
+        loss: Negative β-annealed ELBO, :math:`\text{nll} + \beta\,\text{kl}` (nats).
         loss_per_datum: ``loss / num_data`` (nats per data point).
         nll: Expected negative log-likelihood of the training set (nats).
-        kl: :math:`\\mathrm{KL}(q \\| p)` (nats), not weighted by β.
+        kl: :math:`\mathrm{KL}(q \| p)` (nats), not weighted by β.
         beta: Mean β over the epoch.
         seconds: Wall-clock seconds per epoch.
         steps: Optimiser steps taken by the end of each epoch (cumulative).

@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Callable, Iterable
+from typing import Any
 
 import pyro.poutine as poutine
 import torch
@@ -83,9 +84,9 @@ def epoch_order(
 
 
 def make_batches(
-    model,
-    x,
-    y,
+    model: Callable[..., Any],
+    x: torch.Tensor | DataLoader,
+    y: torch.Tensor | None,
     batch_size: int | None,
     shuffle: bool,
     device: torch.device,

@@ -18,7 +18,9 @@ aleatoric, plus mutual information between label and weights, epistemic).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import Any
 
 import pyro
 import pyro.distributions as dist
@@ -207,8 +209,8 @@ class ClassificationPrediction(Prediction):
 
 @torch.no_grad()
 def predict(
-    model,
-    guide,
+    model: Callable[..., Any],
+    guide: Callable[..., Any],
     x: torch.Tensor,
     *,
     num_samples: int = 100,

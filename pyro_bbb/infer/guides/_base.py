@@ -8,7 +8,8 @@ place. It holds no distribution of its own.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import pyro.distributions as dist
 import torch
@@ -30,7 +31,12 @@ class GaussianGuide(AutoGuide):
     """
 
     def __init__(
-        self, model, *, init_loc: InitLoc = None, name: str | None = None, create_plates=None
+        self,
+        model: Callable[..., Any],
+        *,
+        init_loc: InitLoc = None,
+        name: str | None = None,
+        create_plates: Callable[..., Any] | None = None,
     ) -> None:
         super().__init__(model, create_plates=create_plates)
         # Not a submodule: a pretrained network only lends its values, so it must neither

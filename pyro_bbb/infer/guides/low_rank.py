@@ -15,9 +15,10 @@ rank-``r`` part of a layer's pre-activation exactly.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from operator import attrgetter
-from typing import Literal
+from typing import Any, Literal
 
 import pyro
 import pyro.distributions as dist
@@ -110,7 +111,7 @@ class LowRankGuide(GaussianGuide):
 
     def __init__(
         self,
-        model,
+        model: Callable[..., Any],
         *,
         rank: int = 1,
         blocks: Literal["layer", "network"] = "layer",
@@ -118,7 +119,7 @@ class LowRankGuide(GaussianGuide):
         init_loc: InitLoc = None,
         min_scale: float = 1e-6,
         name: str | None = None,
-        create_plates=None,
+        create_plates: Callable[..., Any] | None = None,
     ) -> None:
         self.rank = check_int("rank", rank, minimum=0)
         self.blocks = check_choice("blocks", blocks, ("layer", "network"))

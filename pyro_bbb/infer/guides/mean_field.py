@@ -8,6 +8,9 @@ Pyro's autoguides do, so the KL divergence to a Gaussian prior is available in c
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import pyro
 import pyro.distributions as dist
 import torch
@@ -54,13 +57,13 @@ class MeanFieldGuide(GaussianGuide):
 
     def __init__(
         self,
-        model,
+        model: Callable[..., Any],
         *,
         init_scale: float = 0.05,
         init_loc: InitLoc = None,
         min_scale: float = 1e-6,
         name: str | None = None,
-        create_plates=None,
+        create_plates: Callable[..., Any] | None = None,
     ) -> None:
         self.init_rho = check_init_scale(init_scale, min_scale)
         self.init_scale = float(init_scale)

@@ -12,7 +12,9 @@ into a :class:`~pyro_bbb.infer.mcmc.result.NUTSResult`. Precision is a context
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -69,7 +71,7 @@ class NumPyroChains:
 
     def __init__(
         self,
-        model,
+        model: Callable[..., Any],
         x: torch.Tensor,
         y: torch.Tensor,
         sites: list[FlatSite],

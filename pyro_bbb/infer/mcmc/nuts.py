@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from typing import Literal
+from typing import Any, Literal
 
 import pyro
 import torch
@@ -79,7 +79,7 @@ def _backend_options(backend, num_workers, chain_method, precision):
 
 
 def run_nuts(
-    model,
+    model: Callable[..., Any],
     x: torch.Tensor,
     y: torch.Tensor,
     *,

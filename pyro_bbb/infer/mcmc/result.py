@@ -8,7 +8,9 @@ replay through the model exactly as a guide's do, so :func:`~pyro_bbb.predict`,
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import pyro
 import pyro.distributions as dist
@@ -82,7 +84,12 @@ class NUTSResult:
         return int(self.sample_stats["diverging"].sum())
 
     def predict(
-        self, model, x: torch.Tensor, *, batch_size: int | None = None, seed: int | None = None
+        self,
+        model: Callable[..., Any],
+        x: torch.Tensor,
+        *,
+        batch_size: int | None = None,
+        seed: int | None = None,
     ) -> RegressionPrediction | ClassificationPrediction:
         """The posterior predictive at ``x`` from every draw, as :func:`~pyro_bbb.predict` gives.
 
@@ -123,7 +130,7 @@ class _Replay:
             pyro.sample(name, dist.Delta(value.unsqueeze(1), event_dim=len(shape)))
 
 
-def replay_nuts(model, result: NUTSResult):
+def replay_nuts(model: Callable[..., Any], result: NUTSResult) -> Callable[..., Any]:
     """``(model, guide)`` that replay a NUTS result's pooled draws under a draws plate.
 
     The guide hands each weight site its draws; the model has the noise scale substituted:

@@ -1,0 +1,79 @@
+"""The documentation site is in step with the package: API pages, navigation and gallery."""
+
+import importlib
+import importlib.util
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from tests.support import REPO
+
+DOCS = REPO / "docs"
+
+
+def _tool(name: str):
+    spec = importlib.util.spec_from_file_location(name, DOCS / "_tools" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+api_pages = _tool("api_pages")
+gallery = _tool("gallery")
+
+
+def test_every_public_module_has_its_generated_page_and_no_page_is_stale():
+    modules = api_pages.public_modules()
+    expected = {api_pages.page_path(name): api_pages.module_page(name) for name in modules}
+    for path, text in expected.items():
+        assert path.exists(), f"{path} is missing: run python docs/_tools/api_pages.py"
+        assert path.read_text() == text
+    pages = set((DOCS / "api").rglob("*.md")) - {DOCS / "api" / "index.md"}
+    assert pages == set(expected), "stale API pages: run python docs/_tools/api_pages.py"
+
+
+def test_the_navigation_lists_every_api_page():
+    config = (REPO / "mkdocs.yml").read_text()
+    start = config.index(api_pages.NAV_START) + len(api_pages.NAV_START)
+    listed = config[start : config.index(api_pages.NAV_END)].strip("\n").splitlines()
+    assert listed == api_pages.nav(api_pages.public_modules())
+
+
+def test_every_exported_name_is_linked_from_the_api_index():
+    index = (DOCS / "api" / "index.md").read_text()
+    for name in api_pages.public_modules():
+        module = importlib.import_module(name)
+        if not hasattr(module, "__path__"):
+            continue
+        for public in getattr(module, "__all__", []):
+            assert re.search(rf"\[`{re.escape(public)}`\]\[pyro_bbb\.[\w.]+\]", index), (
+                f"{name}.{public} is not in docs/api/index.md"
+            )
+
+
+def test_the_gallery_page_is_what_its_script_writes_and_every_figure_exists():
+    assert (DOCS / "gallery.md").read_text() == gallery.page()
+    for entry in gallery.GALLERY:
+        assert (DOCS / entry.figure).stat().st_size > 10_000, entry.figure
+        script = re.search(r"examples/\w+\.py", entry.command)
+        assert script is None or (REPO / script.group(0)).exists(), entry.command
+
+
+def test_the_site_builds_strictly(tmp_path):
+    if importlib.util.find_spec("mkdocs") is None or shutil.which("mkdocs") is None:
+        pytest.skip('needs the docs extra: pip install -e ".[docs]"')
+    build = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
+    )
+    assert build.returncode == 0, build.stderr[-3000:]
+    assert (tmp_path / "api" / "index.html").exists()
