@@ -102,14 +102,15 @@ def test_the_vi_vs_nuts_example_runs_end_to_end(tmp_path):
     import subprocess
     import sys
 
+    pytest.importorskip("numpyro", reason="the example samples with the numpyro extra")
     script = REPO / "examples" / "vi_vs_nuts.py"
     out = tmp_path / "bands.png"
     args = ["--num-data", "20", "--hidden", "3", "--epochs", "50", "--chains", "1"]
-    args += ["--samples", "10", "--warmup", "10", "--max-tree-depth", "3", "--out", str(out)]
+    args += ["--samples", "10", "--warmup", "10", "--out", str(out)]
     run = subprocess.run(
         [sys.executable, str(script), *args], capture_output=True, text=True, timeout=300
     )
     assert run.returncode == 0, run.stderr[-2000:]
-    for text in ("mean-field against NUTS", "low-rank against NUTS", "W2 to the other"):
+    for text in ("mean-field", "low-rank", "NUTS", "W2 to NUTS", "epistemic std, gap"):
         assert text in run.stdout
     assert out.stat().st_size > 10_000
