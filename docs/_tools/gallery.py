@@ -7,7 +7,7 @@ the figure it saved into ``docs/``. Images are never edited by hand. ``tests/tes
 checks that the page is what this script writes and that every figure exists.
 
     python docs/_tools/gallery.py                        # the page only
-    python docs/_tools/gallery.py --figures              # every figure (about 35 min, 2 cores)
+    python docs/_tools/gallery.py --figures              # every figure (about 45 min, 2 cores)
     python docs/_tools/gallery.py --figures --only demo quickstart
 """
 
@@ -82,13 +82,13 @@ GALLERY = [
         "accuracy against confidence per bin, with the expected calibration error.",
         "python examples/conv_digits.py --figure conv_digits.png",
         "conv_digits.png",
-        2,
+        7,
     ),
     Entry(
         "ddp_history",
         "Data-parallel training under torchrun",
         "`fit` on two processes (gloo, CPU) with a checkpoint every 10 epochs: the loss, NLL and "
-        "KL per epoch above, β's warm-up below; one process gives the same curves.",
+        "KL per epoch above, β's warm-up below. One process trains the same objective.",
         "torchrun --standalone --nproc_per_node=2 examples/ddp.py",
         "ddp_history.png",
         1,
