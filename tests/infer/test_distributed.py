@@ -227,4 +227,4 @@ def test_the_ddp_example_runs_under_torchrun(tmp_path):
     assert "2 process(es), 120 steps of 50 x 2 points" in run.stdout  # printed once, by rank 0
     assert run.stdout.count("process(es)") == 1
     written = {p.name for p in tmp_path.iterdir()}
-    assert written == {"ddp.py", "ddp_checkpoint_2.pt", "ddp_bnn.pt"}
+    assert written == {"ddp.py", "ddp_checkpoint_2.pt", "ddp_bnn.pt", "ddp_history.png"}
