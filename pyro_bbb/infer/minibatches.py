@@ -3,21 +3,24 @@
 :func:`make_batches` turns ``(x, y)`` tensors (shuffled per epoch with torch's generator) or
 a ``DataLoader`` into a re-iterable source of minibatches already on the training device, and
 checks the data against the model (dtype, NaN/inf, rows, the likelihood's targets, the
-model's ``num_data``) with errors that name the argument. Nothing here trains.
+model's ``num_data``) with errors that name the argument. :func:`check_likelihood_scale`
+checks that the model scales a minibatch's log-likelihood by :math:`N/B`. Nothing here
+trains.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 
 import pyro.poutine as poutine
 import torch
+from pyro.poutine.util import site_is_subsample
 from torch.utils.data import DataLoader
 
 from .._validation import check_finite_tensor, check_floating_tensor, check_same_rows
 
-__all__ = ["Batches", "make_batches"]
+__all__ = ["Batches", "check_likelihood_scale", "make_batches"]
 
 
 class Batches:
@@ -119,3 +122,43 @@ def _check_data(model, x: torch.Tensor, y: torch.Tensor, widths: dict | None = N
             with torch.no_grad(), poutine.block():
                 widths["out"] = net(x[:1]).shape[-1]
         likelihood.check_target(y, widths["out"])
+
+
+def check_likelihood_scale(model, batch: Sequence[torch.Tensor], num_data: int) -> None:
+    r"""Check that the model scales a minibatch's log-likelihood by :math:`N/B`.
+
+    The ELBO counts the KL once per step and relies on the model to weight a batch of ``B``
+    of the ``N`` points by :math:`N/B`, as a subsampled ``pyro.plate("data", N,
+    subsample=...)`` does (:class:`~pyro_bbb.BNN` has one). A model whose data plate is
+    sized by the batch instead would silently weight the KL :math:`N/B` times too much. The
+    model is traced once on ``batch``, with weights from the prior, and every observed site's
+    scale is compared with :math:`N/B`; nothing is checked when ``B = N``.
+
+    Args:
+        model: The Pyro model ``model(x, y)``.
+        batch: The first minibatch ``(x, y)``.
+        num_data: ``N``, the size of the training set.
+
+    Raises:
+        ValueError: Naming the site, its scale and the expected :math:`N/B`.
+    """
+    size = batch[0].shape[0]
+    if size == num_data:
+        return
+    expected = num_data / size
+    cuda = sorted({t.device for t in batch if t.device.type == "cuda"}, key=str)
+    with torch.random.fork_rng(devices=cuda), torch.no_grad(), poutine.block():
+        trace = poutine.trace(model).get_trace(*batch)
+    for name, site in trace.nodes.items():
+        if site["type"] != "sample" or not site["is_observed"] or site_is_subsample(site):
+            continue
+        scale = float(site["scale"])
+        if not math.isclose(scale, expected, rel_tol=1e-5):
+            raise ValueError(
+                f"the model's observed site {name!r} has its log-likelihood scaled by "
+                f"{scale:g} on a minibatch of {size} of the {num_data} training points, but "
+                f"by N/B = {expected:g} is needed, or the KL is weighted {expected / scale:g} "
+                f"times too much. Put the site in pyro.plate('data', {num_data}, "
+                "subsample=...) sized by the whole training set (as pyro_bbb.BNN does), or "
+                "train full batch (batch_size=None); to temper, use beta= instead"
+            )

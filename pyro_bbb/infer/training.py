@@ -25,7 +25,7 @@ from torch.utils.data import DataLoader
 from .._validation import check_int, check_positive_number
 from .elbo import AnnealedELBO, ELBOTerms
 from .history import History
-from .minibatches import make_batches
+from .minibatches import check_likelihood_scale, make_batches
 from .reparam import estimator
 from .schedules import ScheduleLike, as_schedule
 
@@ -109,7 +109,8 @@ def fit(
 
     Raises:
         ValueError: On bad data (shapes, dtypes, NaN/inf, labels out of range, a data set
-            whose size is not the model's ``num_data``) or bad options.
+            whose size is not the model's ``num_data``), on a model that does not scale a
+            minibatch's log-likelihood by ``N / B``, or on bad options.
         FloatingPointError: When the loss becomes NaN or inf, naming the epoch, step and
             the sites whose terms are not finite.
     """
@@ -129,6 +130,7 @@ def fit(
 
     elbo = AnnealedELBO(schedule(0.0), num_particles=num_particles)
     first = next(iter(batches()))
+    check_likelihood_scale(model, first, batches.num_data)
     # Find the parameters (creating the guide's) without using up random numbers: the first
     # step then draws what SVI's first step would draw from the same seed.
     with (

@@ -6,8 +6,10 @@ import copy
 import math
 
 import pyro
+import pyro.distributions as dist
 import pytest
 import torch
+from pyro.nn import PyroModule
 from torch.utils.data import DataLoader, TensorDataset
 
 from pyro_bbb import BNN, Callback, History, MeanFieldGuide, fit, likelihoods, mlp, predict
@@ -419,3 +421,27 @@ def test_fit_and_predict_on_cuda():
     prediction = predict(model, guide, x.cuda(), num_samples=5)
     assert prediction.samples.shape == (5, N)
     assert prediction.loc_samples.device.type == "cuda"
+
+
+class _UnscaledModel(PyroModule):
+    """A BNN whose data plate is sized by the batch: no N/B scaling of the likelihood."""
+
+    def __init__(self, num_data: int) -> None:
+        super().__init__()
+        self.net = mlp([1, 8, 1])
+        self.num_data = num_data
+
+    def forward(self, x, y=None):
+        loc = self.net(x).squeeze(-1)  # the weights are global: drawn outside the plate
+        with pyro.plate("data", x.shape[0]):
+            return pyro.sample("obs", dist.Normal(loc, 0.1), obs=y)
+
+
+def test_fit_refuses_a_model_that_does_not_scale_a_minibatch_by_n_over_b():
+    x, y = _data()
+    model = _UnscaledModel(N)
+    with pytest.raises(ValueError, match=r"'obs'.*scaled by 1 on a minibatch of 8 .* N/B = 2.5"):
+        fit(model, MeanFieldGuide(model), x, y, epochs=1, batch_size=8, progress=False)
+    # full batch needs no scaling
+    history = fit(model, MeanFieldGuide(model), x, y, epochs=1, progress=False)
+    assert len(history) == 1
