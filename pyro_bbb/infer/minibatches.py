@@ -18,7 +18,13 @@ import torch
 from pyro.poutine.util import site_is_subsample
 from torch.utils.data import DataLoader
 
-from .._validation import check_finite_tensor, check_floating_tensor, check_same_rows
+from .._validation import (
+    check_dtype,
+    check_finite_tensor,
+    check_floating_tensor,
+    check_same_rows,
+    check_tensor,
+)
 
 __all__ = ["Batches", "check_likelihood_scale", "make_batches"]
 
@@ -26,12 +32,28 @@ __all__ = ["Batches", "check_likelihood_scale", "make_batches"]
 class Batches:
     """Re-iterable minibatches of tensors already on the training device, or a loader."""
 
-    def __init__(self, make: Callable[[], Iterable], num_steps: int, num_data: int) -> None:
+    def __init__(
+        self,
+        make: Callable[[], Iterable],
+        num_steps: int,
+        num_data: int,
+        rows: Callable[[int], tuple[torch.Tensor, torch.Tensor]] | None = None,
+    ) -> None:
         self._make, self._num_steps, self.num_data = make, num_steps, num_data
+        self._rows = rows
 
     def __call__(self) -> Iterable:
         """One epoch's minibatches, ``(x, y)`` pairs."""
         return self._make()
+
+    def sample(self, max_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Up to ``max_rows`` training points, ``(x, y)``, without using the random state.
+
+        A fixed random subset of tensor data; the first batch of a ``DataLoader``.
+        """
+        if self._rows is not None:
+            return self._rows(max_rows)
+        return next(iter(self._make()))
 
     def __len__(self) -> int:
         return self._num_steps
@@ -82,6 +104,8 @@ def make_batches(
             "x and y must be tensors (or x a DataLoader and y None), got "
             f"{type(x).__name__} and {type(y).__name__}"
         )
+    check_tensor("x", x)
+    check_tensor("y", y)
     x, y = x.to(device), y.to(device)
     _check_data(model, x, y)
     n = x.shape[0]
@@ -102,7 +126,14 @@ def make_batches(
                 idx = order[k * size : (k + 1) * size]
                 yield x[idx], y[idx]
 
-    return Batches(tensor_batches, num_steps, num_data or n)
+    def rows(max_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if n <= max_rows:
+            return x, y
+        generator = torch.Generator().manual_seed(0)
+        index = torch.randperm(n, generator=generator)[:max_rows].to(device)
+        return x[index], y[index]
+
+    return Batches(tensor_batches, num_steps, num_data or n, rows)
 
 
 def _check_data(model, x: torch.Tensor, y: torch.Tensor, widths: dict | None = None) -> None:
@@ -112,6 +143,7 @@ def _check_data(model, x: torch.Tensor, y: torch.Tensor, widths: dict | None = N
     network runs once per fit for this check, not once per batch.
     """
     check_floating_tensor("x", x)
+    check_dtype("x", x, getattr(model, "dtype", None))
     check_finite_tensor("x", x)
     check_same_rows(x, y)
     likelihood = getattr(model, "likelihood", None)

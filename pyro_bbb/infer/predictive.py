@@ -28,7 +28,12 @@ import pyro.poutine as poutine
 import torch
 
 from .. import metrics
-from .._validation import check_int, check_open_unit_interval
+from .._validation import (
+    check_finite_tensor,
+    check_int,
+    check_open_unit_interval,
+    check_tensor,
+)
 from .reparam import estimator
 
 __all__ = ["ClassificationPrediction", "Prediction", "RegressionPrediction", "predict"]
@@ -285,9 +290,15 @@ def predict(
 
     Returns:
         A :class:`RegressionPrediction` or :class:`ClassificationPrediction`.
+
+    Raises:
+        ValueError: On bad options, or inputs with NaN/inf or that the model refuses.
     """
     check_int("num_samples", num_samples)
     check_int("batch_size", batch_size, optional=True)
+    check_tensor("x", x)
+    if torch.is_floating_point(x):
+        check_finite_tensor("x", x)
     if seed is not None:
         pyro.set_rng_seed(seed)
     nesting = getattr(model, "max_plate_nesting", 1)
