@@ -6,7 +6,9 @@ A network becomes a Pyro model whose weights are sample sites (:func:`bayesianiz
 :func:`predict` returns calibrated predictive uncertainty; :func:`local_reparameterization`
 and :func:`flipout` lower the gradient variance; :func:`run_nuts` samples the same model
 with NUTS, :func:`to_inference_data` exports VI and NUTS to ArviZ, :func:`psis_khat`
-diagnoses a guide and :func:`compare` sets two posteriors side by side.
+diagnoses a guide and :func:`compare` sets two posteriors side by side. :func:`fit` warns with
+:class:`PosteriorCollapseWarning` when the posterior ends at its prior while the network
+misses structure in the data.
 
 The package mirrors Pyro's layout: :mod:`pyro_bbb.nn`, :mod:`pyro_bbb.priors`,
 :mod:`pyro_bbb.likelihoods` and :mod:`pyro_bbb.model` say what a BNN is;
@@ -25,6 +27,7 @@ from .infer import (
     LowRankGuide,
     MeanFieldGuide,
     NUTSResult,
+    PosteriorCollapseWarning,
     Prediction,
     RegressionPrediction,
     fit,
@@ -48,6 +51,7 @@ __all__ = [
     "LowRankGuide",
     "MeanFieldGuide",
     "NUTSResult",
+    "PosteriorCollapseWarning",
     "Prediction",
     "RegressionPrediction",
     "bayesianize",

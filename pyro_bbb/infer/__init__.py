@@ -9,11 +9,14 @@
 * :mod:`~pyro_bbb.infer.training`: :func:`fit` (with :mod:`~pyro_bbb.infer.minibatches`
   and :mod:`~pyro_bbb.infer.history`);
 * :mod:`~pyro_bbb.infer.predictive`: :func:`predict` and its summaries;
+* :mod:`~pyro_bbb.infer.collapse`: how much of a posterior sits at its prior, and the
+  :class:`PosteriorCollapseWarning` that :func:`fit` gives;
 * :mod:`~pyro_bbb.infer.mcmc`: :func:`run_nuts` on the same model.
 
 This package imports nothing of :mod:`pyro_bbb.evaluation`, the plots or the command line.
 """
 
+from .collapse import CollapseDiagnosis, PosteriorCollapseWarning, diagnose_collapse, weight_kl
 from .elbo import AnnealedELBO, ELBOTerms
 from .guides import LowRankGuide, MeanFieldGuide
 from .history import History
@@ -27,6 +30,7 @@ from .schedules import (
     LinearWarmup,
     SigmoidWarmup,
     as_schedule,
+    delayed_warmup,
 )
 from .training import Callback, fit
 
@@ -35,6 +39,7 @@ __all__ = [
     "BetaSchedule",
     "Callback",
     "ClassificationPrediction",
+    "CollapseDiagnosis",
     "ConstantBeta",
     "CyclicalAnnealing",
     "ELBOTerms",
@@ -43,14 +48,18 @@ __all__ = [
     "LowRankGuide",
     "MeanFieldGuide",
     "NUTSResult",
+    "PosteriorCollapseWarning",
     "Prediction",
     "RegressionPrediction",
     "SigmoidWarmup",
     "as_schedule",
+    "delayed_warmup",
+    "diagnose_collapse",
     "fit",
     "flipout",
     "local_reparameterization",
     "predict",
     "replay_nuts",
     "run_nuts",
+    "weight_kl",
 ]

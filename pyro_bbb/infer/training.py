@@ -23,11 +23,13 @@ import torch
 from torch.utils.data import DataLoader
 
 from .._validation import check_int, check_positive_number
+from .collapse import FRACTION_THRESHOLD as COLLAPSE_FRACTION
+from .collapse import CollapseMonitor, diagnose_collapse, warn_if_collapsed
 from .elbo import AnnealedELBO, ELBOTerms
 from .history import History
 from .minibatches import check_likelihood_scale, make_batches
 from .reparam import estimator
-from .schedules import ScheduleLike, as_schedule
+from .schedules import ScheduleLike, as_schedule, delayed_warmup
 
 __all__ = ["Callback", "fit"]
 
@@ -59,7 +61,7 @@ def fit(
     batch_size: int | None = None,
     lr: float = 1e-2,
     optimizer: OptimizerSpec | None = None,
-    beta: ScheduleLike = 1.0,
+    beta: ScheduleLike | None = None,
     num_particles: int = 1,
     reparam: str | None = None,
     device: str | torch.device | None = None,
@@ -93,7 +95,11 @@ def fit(
             parameters allow it: floating point, on one CPU or CUDA device.
         beta: KL weight: a number, a :mod:`~pyro_bbb.infer.schedules` schedule
             (``LinearWarmup(20)``, ``SigmoidWarmup(...)``, ``CyclicalAnnealing(...)``) or any
-            callable of the epoch.
+            callable of the epoch. ``None`` (the default) fits the likelihood first:
+            β = 0 for the first quarter of the epochs, linear to 1 by half-way, then the
+            plain ELBO (:func:`~pyro_bbb.infer.schedules.delayed_warmup`); it keeps a guide
+            started wide from settling at the prior on small data. Pass ``beta=1.0`` for
+            the plain ELBO throughout, e.g. to continue a fit.
         num_particles: Weight samples per step, vectorised.
         reparam: Gradient estimator: ``None`` (sample the weights), ``"local"`` or
             ``"flipout"`` (see :mod:`pyro_bbb.infer.reparam`).
@@ -107,6 +113,12 @@ def fit(
     Returns:
         The :class:`History` of the fit.
 
+    Warns:
+        PosteriorCollapseWarning: When training ends with most weights at their prior and the
+            predictive mean missing structure in the data (up to 2,048 training points; see
+            :mod:`pyro_bbb.infer.collapse`); the message gives the measurements and what to
+            try.
+
     Raises:
         ValueError: On bad data (shapes, dtypes, NaN/inf, labels out of range, a data set
             whose size is not the model's ``num_data``), on a model that does not scale a
@@ -117,7 +129,7 @@ def fit(
     check_int("epochs", epochs)
     check_int("batch_size", batch_size, optional=True)
     check_positive_number("lr", lr)
-    schedule = as_schedule(beta)
+    schedule = delayed_warmup(epochs) if beta is None else as_schedule(beta)
     handler = estimator(reparam)
     if seed is not None:
         pyro.set_rng_seed(seed)
@@ -145,6 +157,7 @@ def fit(
     if not params:
         raise ValueError("the model and guide have no trainable parameters")
     optim = _make_optimizer(optimizer, params, lr)
+    monitor = CollapseMonitor(model, guide, first[0])
 
     callbacks = list(callbacks)
     history = History(num_data=batches.num_data)
@@ -190,6 +203,7 @@ def fit(
         history.beta.append(betas / steps_done)
         history.seconds.append(time.perf_counter() - start)
         history.steps.append(step)
+        history.collapsed.append(monitor.fraction())
         if bar is not None:
             bar.update(1)
             bar.set_postfix(
@@ -199,6 +213,8 @@ def fit(
             break
     if bar is not None:
         bar.close()
+    if history.collapsed and history.collapsed[-1] >= COLLAPSE_FRACTION:
+        warn_if_collapsed(diagnose_collapse(model, guide, *batches.sample(2048)))
     return history
 
 
