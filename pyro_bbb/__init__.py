@@ -6,7 +6,9 @@ A network becomes a Pyro model whose weights are sample sites (:func:`bayesianiz
 :func:`predict` returns calibrated predictive uncertainty; :func:`local_reparameterization`
 and :func:`flipout` lower the gradient variance; :func:`run_nuts` samples the same model
 with NUTS, :func:`to_inference_data` exports VI and NUTS to ArviZ, :func:`psis_khat`
-diagnoses a guide and :func:`compare` sets two posteriors side by side. :func:`fit` warns with
+diagnoses a guide and :func:`compare` sets two posteriors side by side. :func:`fit` trains
+data-parallel under ``torchrun`` and writes checkpoints it can resume from; :func:`save` and
+:func:`load` carry a trained model and guide to another process. :func:`fit` warns with
 :class:`PosteriorCollapseWarning` when the posterior ends at its prior while the network
 misses structure in the data.
 
@@ -32,9 +34,11 @@ from .infer import (
     RegressionPrediction,
     fit,
     flipout,
+    load,
     local_reparameterization,
     predict,
     run_nuts,
+    save,
 )
 from .model import BNN
 from .nn import BayesianAffine, bayesianize, mlp
@@ -62,6 +66,7 @@ __all__ = [
     "flipout",
     "infer",
     "likelihoods",
+    "load",
     "local_reparameterization",
     "metrics",
     "mlp",
@@ -70,5 +75,6 @@ __all__ = [
     "priors",
     "psis_khat",
     "run_nuts",
+    "save",
     "to_inference_data",
 ]

@@ -114,14 +114,22 @@ def check_choice(name: str, value: T, choices: Collection[T]) -> T:
 
 
 def check_tensor(name: str, value: object) -> torch.Tensor:
-    """A ``torch.Tensor`` that holds values (not on the ``meta`` device).
+    """A ``torch.Tensor``.
 
     Raises:
         TypeError: ``"<name> must be a torch.Tensor, got list"``.
-        ValueError: For a tensor on the ``meta`` device, which has shapes but no values.
     """
     if not isinstance(value, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+    return value
+
+
+def check_has_values(name: str, value: torch.Tensor) -> torch.Tensor:
+    """A tensor that holds values: not on the ``meta`` device, which has shapes only.
+
+    Raises:
+        ValueError: ``"x is on the meta device, which holds shapes but no values"``.
+    """
     if value.device.type == "meta":
         raise ValueError(f"{name} is on the meta device, which holds shapes but no values")
     return value

@@ -7,7 +7,11 @@
   :class:`AnnealedELBO`;
 * :mod:`~pyro_bbb.infer.reparam`: local reparameterisation and flipout as effect handlers;
 * :mod:`~pyro_bbb.infer.training`: :func:`fit` (with :mod:`~pyro_bbb.infer.minibatches`
-  and :mod:`~pyro_bbb.infer.history`);
+  and :mod:`~pyro_bbb.infer.history`); :mod:`~pyro_bbb.infer.distributed`: data-parallel
+  training on ``torch.distributed``; :mod:`~pyro_bbb.infer.checkpoint`: fit's checkpoints
+  and resuming;
+* :mod:`~pyro_bbb.infer.serialization`: :func:`save` and :func:`load` of a trained model
+  and guide, in the files of :mod:`~pyro_bbb.infer.files` (atomic write, safe read);
 * :mod:`~pyro_bbb.infer.predictive`: :func:`predict` and its summaries;
 * :mod:`~pyro_bbb.infer.collapse`: how much of a posterior sits at its prior, and the
   :class:`PosteriorCollapseWarning` that :func:`fit` gives;
@@ -32,6 +36,7 @@ from .schedules import (
     as_schedule,
     delayed_warmup,
 )
+from .serialization import load, save
 from .training import Callback, fit
 
 __all__ = [
@@ -57,9 +62,11 @@ __all__ = [
     "diagnose_collapse",
     "fit",
     "flipout",
+    "load",
     "local_reparameterization",
     "predict",
     "replay_nuts",
     "run_nuts",
+    "save",
     "weight_kl",
 ]

@@ -4,14 +4,15 @@
 ``torch.optim`` optimiser over every parameter of the model and guide (Pyro's ``PyroOptim``
 builds one optimiser per parameter, which costs more than the network on small models). It
 is ``pyro.infer.SVI``'s ``step`` written out, so that β can change per step, the ELBO's parts
-are recorded, and hooks can act between the backward pass and the update: a data-parallel
-wrapper is a :class:`Callback` whose ``on_after_backward`` all-reduces the gradients (each
-worker's minibatch loss is already an unbiased estimate of the whole-data loss, so the
-average over workers is too).
+are recorded, and hooks can act between the backward pass and the update. Data-parallel
+training (:mod:`~pyro_bbb.infer.distributed`) and checkpoints
+(:mod:`~pyro_bbb.infer.checkpoint`) live in their own modules; ``fit`` calls them at marked
+points.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -23,8 +24,10 @@ import torch
 from torch.utils.data import DataLoader
 
 from .._validation import check_int, check_positive_number
+from .checkpoint import Checkpointing, FitState
 from .collapse import FRACTION_THRESHOLD as COLLAPSE_FRACTION
 from .collapse import CollapseMonitor, diagnose_collapse, warn_if_collapsed
+from .distributed import data_parallel
 from .elbo import AnnealedELBO, ELBOTerms
 from .history import History
 from .minibatches import check_likelihood_scale, make_batches
@@ -41,7 +44,10 @@ class Callback:
         """Called once, after the guide is set up and before the first step."""
 
     def on_after_backward(self, params: Sequence[torch.Tensor], step: int) -> None:
-        """Called between ``loss.backward()`` and ``optimizer.step()`` (e.g. all-reduce)."""
+        """Called between ``loss.backward()`` and ``optimizer.step()`` (e.g. to clip).
+
+        In a data-parallel fit the gradients are already averaged over processes here.
+        """
 
     def on_epoch_end(self, epoch: int, history: History) -> bool | None:
         """Called after each epoch's record is appended; return ``True`` to stop training."""
@@ -69,6 +75,9 @@ def fit(
     progress: bool | None = None,
     callbacks: Iterable[Callback] = (),
     shuffle: bool = True,
+    checkpoint: str | os.PathLike | None = None,
+    checkpoint_every: int | None = None,
+    resume: str | os.PathLike | None = None,
 ) -> History:
     r"""Train a guide (and the model's point-estimated parameters) by maximising the ELBO.
 
@@ -77,6 +86,21 @@ def fit(
     + \beta\,\mathrm{KL}(q\|p)` with :class:`~pyro_bbb.infer.elbo.AnnealedELBO`, and takes one
     optimiser step. β comes from ``beta(t)`` with ``t`` in epochs, fractional within an
     epoch.
+
+    **Data-parallel.** When ``torch.distributed`` is initialised (the script called
+    ``torch.distributed.init_process_group()`` and was launched by ``torchrun``), ``fit``
+    trains on ``W`` processes with no other change: each takes its share of the tensor data
+    as ``DistributedSampler`` would (one permutation per epoch, rank-strided), ``batch_size``
+    is the batch *per process* (the DDP convention), parameters start as rank 0's, gradients
+    are averaged every step, and the objective is the single-process one with a batch of
+    ``W·batch_size``. Initialisation is shared; Monte Carlo noise is seeded ``seed + rank``.
+    The History is averaged over processes and recorded on each; only rank 0 shows progress
+    and writes checkpoints. :mod:`pyro_bbb.infer.distributed` has the details.
+
+    **Checkpoints.** ``checkpoint=PATH`` writes, atomically, every ``checkpoint_every``
+    epochs and at the end, what a bit-identical resume needs: parameters, optimiser state,
+    History and every random state. ``resume=PATH`` continues such a fit up to ``epochs``
+    in total; ``resume`` and ``checkpoint`` may name the same file.
 
     Args:
         model: A :class:`~pyro_bbb.BNN` (or any Pyro model ``model(x, y)`` with a data plate
@@ -87,7 +111,8 @@ def fit(
             ``y`` must be ``None`` and ``batch_size``/``shuffle`` are the loader's).
         y: Targets ``(N,)`` or ``(N, dim)``.
         epochs: Passes over the data.
-        batch_size: Minibatch size ``B``; ``None`` for full batch.
+        batch_size: Minibatch size ``B`` per process; ``None`` for the full batch (the
+            process's whole share of the data).
         lr: Learning rate of the default Adam optimiser.
         optimizer: A ``torch.optim.Optimizer`` class (built with ``lr``) or a function from the
             parameter list to an optimiser. Defaults to ``torch.optim.Adam`` with its fused
@@ -98,17 +123,27 @@ def fit(
             callable of the epoch. ``None`` (the default) fits the likelihood first:
             β = 0 for the first quarter of the epochs, linear to 1 by half-way, then the
             plain ELBO (:func:`~pyro_bbb.infer.schedules.delayed_warmup`); it keeps a guide
-            started wide from settling at the prior on small data. Pass ``beta=1.0`` for
-            the plain ELBO throughout, e.g. to continue a fit.
+            started wide from settling at the prior on small data. It is drawn over
+            ``epochs``: a fit resumed with other ``epochs`` follows another schedule, so pass
+            one explicitly to extend a run. Pass ``beta=1.0`` for the plain ELBO
+            throughout, e.g. to continue a fit.
         num_particles: Weight samples per step, vectorised.
         reparam: Gradient estimator: ``None`` (sample the weights), ``"local"`` or
             ``"flipout"`` (see :mod:`pyro_bbb.infer.reparam`).
         device: Move model, guide and data here (e.g. ``"cuda"``); ``None`` keeps the
             model's device.
-        seed: Seed for Pyro, torch and the minibatch order.
+        seed: Seed for Pyro, torch and the minibatch order (on ``W`` processes: the set-up
+            and the order use ``seed``, the noise of rank ``r`` uses ``seed + r``; ``None``
+            draws one on rank 0). When resuming, the checkpoint's random states continue.
         progress: Show a tqdm bar; ``None`` shows it when stderr is a terminal.
         callbacks: :class:`Callback` objects.
         shuffle: Reshuffle the data every epoch (tensor input).
+        checkpoint: File to write checkpoints to (its folder must exist), or ``None``.
+        checkpoint_every: Epochs between checkpoints, a positive int (default 1); the last
+            epoch is always written.
+        resume: A checkpoint to continue from: parameters, optimiser (including its learning
+            rate), History, β's position and random states come from it. ``model`` and
+            ``guide`` are built as for the interrupted fit; the guide need not be set up.
 
     Returns:
         The :class:`History` of the fit.
@@ -122,7 +157,10 @@ def fit(
     Raises:
         ValueError: On bad data (shapes, dtypes, NaN/inf, labels out of range, a data set
             whose size is not the model's ``num_data``), on a model that does not scale a
-            minibatch's log-likelihood by ``N / B``, or on bad options.
+            minibatch's log-likelihood by ``N / B``, or on bad options; a ``resume`` file
+            that is not a checkpoint, is from another model, or has done more than
+            ``epochs`` epochs.
+        FileNotFoundError: If ``resume`` names no file.
         FloatingPointError: When the loss becomes NaN or inf, naming the epoch, step and
             the sites whose terms are not finite.
     """
@@ -131,14 +169,22 @@ def fit(
     check_positive_number("lr", lr)
     schedule = delayed_warmup(epochs) if beta is None else as_schedule(beta)
     handler = estimator(reparam)
-    if seed is not None:
-        pyro.set_rng_seed(seed)
+    parallel = data_parallel()  # a world of one unless torch.distributed is initialised
+    saving = Checkpointing(
+        checkpoint, checkpoint_every, resume, epochs=epochs, world_size=parallel.world_size
+    )
+    device = parallel.device(device)
     if device is not None:
-        device = torch.device(device)
         _move(model, device)
         _move(guide, device)
     data_device = device if device is not None else _device_of(model)
-    batches = make_batches(model, x, y, batch_size, shuffle, data_device)
+    seed = parallel.shared_seed(seed, data_device)
+    if seed is not None:
+        pyro.set_rng_seed(seed)
+    batches = make_batches(
+        model, x, y, batch_size, shuffle, data_device,
+        seed=saving.order_seed(seed), rank=parallel.rank, world_size=parallel.world_size,
+    )  # fmt: skip
 
     elbo = AnnealedELBO(schedule(0.0), num_particles=num_particles)
     first = next(iter(batches()))
@@ -152,26 +198,32 @@ def fit(
         torch.no_grad(),
     ):
         elbo.terms(model, guide, *first)
-    params = _unique(site["value"].unconstrained() for site in capture.trace.nodes.values())
-    params = [p for p in params if p.requires_grad]
+    named = {name: site["value"].unconstrained() for name, site in capture.trace.nodes.items()}
+    params = [p for p in _unique(named.values()) if p.requires_grad]
     if not params:
         raise ValueError("the model and guide have no trainable parameters")
     optim = _make_optimizer(optimizer, params, lr)
+    parallel.broadcast_(params)  # every process starts from rank 0's parameters
+    history = History(num_data=batches.num_data)
+    state = FitState(model, guide, named, params, optim, history, batches.seed, first)
+    if saving.resumed is not None:
+        saving.restore(state, parallel.rank)  # parameters, optimiser, History, random states
+    else:
+        parallel.seed_noise(seed)  # shared initialisation, Monte Carlo noise per process
     monitor = CollapseMonitor(model, guide, first[0])
 
     callbacks = list(callbacks)
-    history = History(num_data=batches.num_data)
     for callback in callbacks:
         callback.on_fit_start(params, history)
-    show = sys.stderr.isatty() if progress is None else progress
-    bar = _progress(epochs, show)
-    step = 0
-    for epoch in range(epochs):
+    show = (sys.stderr.isatty() if progress is None else progress) and parallel.is_main
+    bar = _progress(epochs, show, initial=len(history))
+    step = history.steps[-1] if history.steps else 0
+    for epoch in range(len(history), epochs):
         start = time.perf_counter()
         parts: list[torch.Tensor] = []  # (loss, nll, kl) of each step, summed at epoch end
         betas = 0.0
         num_steps = len(batches)
-        for i, batch in enumerate(batches()):
+        for i, batch in enumerate(batches(epoch)):
             elbo.beta = schedule(epoch + i / num_steps)
             try:
                 with handler():
@@ -185,6 +237,7 @@ def fit(
                 raise _non_finite(terms, epoch, i, step)
             optim.zero_grad(set_to_none=True)
             terms.loss.backward()
+            parallel.average_gradients_(params)  # before the callbacks: they see the mean
             for callback in callbacks:
                 callback.on_after_backward(params, step)
             optim.step()
@@ -195,7 +248,7 @@ def fit(
         if not steps_done:
             raise ValueError(f"epoch {epoch}: the data yielded no minibatch")
         means = torch.stack(parts).to(torch.float64).reshape(steps_done, 3).mean(0)
-        loss, nll, kl = means.tolist()
+        loss, nll, kl = parallel.mean(means).tolist()  # the same History on every process
         history.loss.append(loss)
         history.loss_per_datum.append(loss / history.num_data)
         history.nll.append(nll)
@@ -209,11 +262,13 @@ def fit(
             bar.set_postfix(
                 loss=f"{loss:.4g}", nll=f"{nll:.4g}", kl=f"{kl:.4g}", beta=f"{elbo.beta:.2g}"
             )
-        if any(callback.on_epoch_end(epoch, history) for callback in callbacks):
+        stop = any(callback.on_epoch_end(epoch, history) for callback in callbacks)
+        saving.after_epoch(state, parallel, final=stop or epoch == epochs - 1)
+        if stop:
             break
     if bar is not None:
         bar.close()
-    if history.collapsed and history.collapsed[-1] >= COLLAPSE_FRACTION:
+    if parallel.is_main and history.collapsed and history.collapsed[-1] >= COLLAPSE_FRACTION:
         warn_if_collapsed(diagnose_collapse(model, guide, *batches.sample(2048)))
     return history
 
@@ -281,12 +336,12 @@ def _make_optimizer(
     )
 
 
-def _progress(epochs: int, show: bool):
+def _progress(epochs: int, show: bool, initial: int = 0):
     if not show:
         return None
     from tqdm.auto import tqdm
 
-    return tqdm(total=epochs, desc="fit", unit="epoch", dynamic_ncols=True)
+    return tqdm(total=epochs, initial=initial, desc="fit", unit="epoch", dynamic_ncols=True)
 
 
 def _unvalidated_terms(elbo, model, guide, handler, batch) -> ELBOTerms | None:
