@@ -29,9 +29,11 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
+import pyro
 import pyro.distributions as dist
 import pyro.poutine as poutine
 import torch
@@ -84,16 +86,30 @@ def _marginals(guide) -> dict[str, tuple[torch.Tensor, torch.Tensor]] | None:
     return None
 
 
-def _priors(model, x: torch.Tensor) -> dict[str, dict]:
-    """The model's latent sample sites, from one trace on ``x[:1]`` that draws from the prior."""
-    devices = [x.device] if x.device.type == "cuda" else []
-    with torch.random.fork_rng(devices=devices), torch.no_grad(), poutine.block():
-        trace = poutine.trace(model).get_trace(x[:1])
-    observed = getattr(model, "observation_site", None)
+@contextmanager
+def _random_state_kept(*tensors: torch.Tensor) -> Iterator[None]:
+    """Restore every random state Pyro seeds (torch, CUDA, Python, NumPy) on leaving."""
+    devices = sorted({t.device for t in tensors if t.device.type == "cuda"}, key=str)
+    state = pyro.util.get_rng_state()
+    with torch.random.fork_rng(devices=devices):
+        try:
+            yield
+        finally:
+            pyro.util.set_rng_state(state)
+
+
+def _priors(model, *data: torch.Tensor) -> dict[str, dict]:
+    """The model's global latent sites, from one trace on the first row drawing from the prior.
+
+    ``data`` are the model's arguments (``x`` or ``x, y``); one row of each is used.
+    """
+    rows = [t[:1] for t in data]
+    with _random_state_kept(*rows), torch.no_grad(), poutine.block():
+        trace = poutine.trace(model).get_trace(*rows)
     return {
         name: site
         for name, site in trace.iter_stochastic_nodes()
-        if name != observed and not site["is_observed"]
+        if not site["is_observed"] and not site["cond_indep_stack"]
     }
 
 
@@ -113,17 +129,22 @@ def _elementwise_kl(loc, scale, prior) -> torch.Tensor:
 
 
 @torch.no_grad()
-def weight_kl(model, guide, x: torch.Tensor) -> dict[str, torch.Tensor] | None:
+def weight_kl(
+    model, guide, x: torch.Tensor, y: torch.Tensor | None = None
+) -> dict[str, torch.Tensor] | None:
     r""":math:`\mathrm{KL}(q(w_i) \| p(w_i))` of every weight's marginal, in nats.
 
     Closed form against a Gaussian prior, a 16-draw Monte Carlo estimate per weight against
-    any other (a scale mixture). Sites that are not real-valued are left out.
+    any other (a scale mixture). Sites that are not real-valued or lie inside a plate are left
+    out.
 
     Args:
-        model: The model; it is traced once on ``x[:1]`` for its priors (no random state used).
+        model: The model; it is traced once on one row for its priors (every random state is
+            restored afterwards).
         guide: A set-up :class:`~pyro_bbb.MeanFieldGuide`, :class:`~pyro_bbb.LowRankGuide`
             (its marginals) or ``AutoNormal``.
         x: Inputs the model accepts, ``(batch, *features)``; one row is used.
+        y: Targets, for a model that needs them; one row is used.
 
     Returns:
         ``{site: tensor of the site's shape}``, or ``None`` for a guide whose marginals are
@@ -132,7 +153,7 @@ def weight_kl(model, guide, x: torch.Tensor) -> dict[str, torch.Tensor] | None:
     marginals = _marginals(guide)
     if marginals is None:
         return None
-    sites = _priors(model, x)
+    sites = _priors(model, x) if y is None else _priors(model, x, y)
     kls = {}
     for name, (loc, scale) in marginals.items():
         site = sites.get(name)
@@ -162,13 +183,13 @@ class CollapseMonitor:
     Args:
         model: The model.
         guide: The guide (set up).
-        x: Inputs the model accepts; one row is used.
+        *data: The model's arguments (a minibatch ``x, y``); one row of each is used.
     """
 
-    def __init__(self, model, guide, x: torch.Tensor) -> None:
-        self._model, self._guide, self._x = model, guide, x[:1]
+    def __init__(self, model, guide, *data: torch.Tensor) -> None:
+        self._model, self._guide, self._data = model, guide, [t[:1] for t in data]
         marginals = _marginals(guide)
-        self._sites = _priors(model, self._x) if marginals is not None else {}
+        self._sites = _priors(model, *self._data) if marginals is not None else {}
         self._names = [
             name
             for name in (marginals or {})
@@ -206,7 +227,7 @@ class CollapseMonitor:
         if marginals is None or not self._names:
             return math.nan
         if self._flat_prior is None:
-            sites = _priors(self._model, self._x)
+            sites = _priors(self._model, *self._data)
             return _fraction(
                 _elementwise_kl(*marginals[name], sites[name]["fn"]) for name in self._names
             )
@@ -324,19 +345,18 @@ def diagnose_collapse(
         x: Training inputs ``(n, *features)``; a few thousand rows are plenty.
         y: Their targets.
         num_samples: Weight samples for the predictive.
-        seed: Seed of the predictive's draws (the caller's random state is kept).
+        seed: Seed of the predictive's draws (every random state is restored afterwards).
 
     Returns:
         A :class:`CollapseDiagnosis`, or ``None`` when the guide's marginals are unknown, the
         likelihood is neither Gaussian, Categorical nor Bernoulli, or there are fewer than
         two points.
     """
-    kls = weight_kl(model, guide, x)
+    kls = weight_kl(model, guide, x, y)
     if not kls or x.shape[0] < 2:
         return None
     fraction = _fraction(kls.values())
-    devices = [x.device] if x.device.type == "cuda" else []
-    with torch.random.fork_rng(devices=devices):
+    with _random_state_kept(x):
         try:
             pred = predict(model, guide, x, num_samples=num_samples, seed=seed)
         except NotImplementedError:

@@ -210,7 +210,7 @@ def fit(
         saving.restore(state, parallel.rank)  # parameters, optimiser, History, random states
     else:
         parallel.seed_noise(seed)  # shared initialisation, Monte Carlo noise per process
-    monitor = CollapseMonitor(model, guide, first[0])
+    monitor = CollapseMonitor(model, guide, *first)
 
     callbacks = list(callbacks)
     for callback in callbacks:
