@@ -322,8 +322,9 @@ class CollapseDiagnosis:
             f"posterior collapse: {self.collapsed_fraction:.0%} of the weights ended at their "
             f"prior (KL < {KL_THRESHOLD:g} nats each) and {fit}. On this little data the "
             "mean-field ELBO may prefer the prior to a fit. What helps, measured in "
-            "docs/small_data.md: a tempered posterior (beta=LinearWarmup(..., end=0.1)), a "
-            "smaller network, more data; compare with pyro_bbb.run_nuts on the same model."
+            "docs/small_data.md: a smaller network; a tempered posterior "
+            "(beta=LinearWarmup(..., end=0.1)), which fits but is not the Bayesian one; more "
+            "data; compare with pyro_bbb.run_nuts on the same model."
         )
 
 
