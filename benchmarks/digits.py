@@ -114,7 +114,7 @@ def evaluate(model, guide, split: Split, ood: dict[str, torch.Tensor], seed: int
     probs = pred.probs
     row = {
         "accuracy": metrics.accuracy(probs, split.y_test),
-        "nll": metrics.nll(probs, split.y_test),
+        "nll": metrics.nll(pred.log_probs, split.y_test),
         "ece": metrics.expected_calibration_error(probs, split.y_test, num_bins=15),
         "brier": metrics.brier(probs, split.y_test),
     }

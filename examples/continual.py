@@ -42,7 +42,8 @@ parser.add_argument("--figure", default="docs/continual.png", help="PNG path")
 parser.add_argument("--json", default=None, help="also write the accuracies here")
 args = parser.parse_args()
 torch.set_num_threads(1)  # small networks: one thread is fastest
-FIT = {"epochs": args.epochs, "lr": 1e-2, "progress": False}
+# beta=1.0: the plain ELBO for every method (VCL's default; fit's own holds β at 0 first)
+FIT = {"epochs": args.epochs, "lr": 1e-2, "beta": 1.0, "progress": False}
 PRIOR = Gaussian(1.0)
 
 

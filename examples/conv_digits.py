@@ -64,7 +64,7 @@ pred = pyro_bbb.predict(model, guide, data.x_test, num_samples=100, seed=0)
 y = data.y_test
 correct = pred.predicted == y
 accuracy = pyro_bbb.metrics.accuracy(pred.probs, y)
-nll = pyro_bbb.metrics.nll(pred.probs, y)
+nll = pyro_bbb.metrics.nll(pred.log_probs, y)
 confidence = pred.probs.max(-1).values.mean()
 print(
     f"test ({len(y)} images): accuracy {accuracy:.3f}  NLL {nll:.3f}  "

@@ -4,6 +4,7 @@ import pyro
 import torch
 
 import pyro_bbb
+from pyro_bbb.plots import plot_regression_bands  # figures need matplotlib
 
 torch.manual_seed(0)
 torch.set_num_threads(1)  # small nets run fastest on one thread
@@ -30,8 +31,6 @@ torch.set_printoptions(precision=2)
 print("mean", pred.mean, "std", pred.std)
 print("epistemic", pred.epistemic_std, "aleatoric", pred.aleatoric_std)
 print("95% interval", lower, upper)
-
-from pyro_bbb.plots import plot_regression_bands  # matplotlib is needed for figures only
 
 x_grid = torch.linspace(-7, 7, 281).unsqueeze(-1)  # the data, the gap and beyond
 grid = pyro_bbb.predict(model, guide, x_grid, num_samples=200, seed=0)

@@ -8,7 +8,9 @@ and :func:`flipout` lower the gradient variance; :func:`run_nuts` samples the sa
 with NUTS, :func:`to_inference_data` exports VI and NUTS to ArviZ, :func:`psis_khat`
 diagnoses a guide and :func:`compare` sets two posteriors side by side. :func:`fit` trains
 data-parallel under ``torchrun`` and writes checkpoints it can resume from; :func:`save` and
-:func:`load` carry a trained model and guide to another process.
+:func:`load` carry a trained model and guide to another process. :func:`fit` warns with
+:class:`PosteriorCollapseWarning` when the posterior ends at its prior while the network
+misses structure in the data.
 
 The package mirrors Pyro's layout: :mod:`pyro_bbb.nn`, :mod:`pyro_bbb.priors`,
 :mod:`pyro_bbb.likelihoods` and :mod:`pyro_bbb.model` say what a BNN is;
@@ -27,6 +29,7 @@ from .infer import (
     LowRankGuide,
     MeanFieldGuide,
     NUTSResult,
+    PosteriorCollapseWarning,
     Prediction,
     RegressionPrediction,
     fit,
@@ -52,6 +55,7 @@ __all__ = [
     "LowRankGuide",
     "MeanFieldGuide",
     "NUTSResult",
+    "PosteriorCollapseWarning",
     "Prediction",
     "RegressionPrediction",
     "bayesianize",

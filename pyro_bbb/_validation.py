@@ -124,6 +124,17 @@ def check_tensor(name: str, value: object) -> torch.Tensor:
     return value
 
 
+def check_has_values(name: str, value: torch.Tensor) -> torch.Tensor:
+    """A tensor that holds values: not on the ``meta`` device, which has shapes only.
+
+    Raises:
+        ValueError: ``"x is on the meta device, which holds shapes but no values"``.
+    """
+    if value.device.type == "meta":
+        raise ValueError(f"{name} is on the meta device, which holds shapes but no values")
+    return value
+
+
 def check_floating_tensor(name: str, value: object) -> torch.Tensor:
     """A floating-point ``torch.Tensor``.
 
@@ -135,6 +146,21 @@ def check_floating_tensor(name: str, value: object) -> torch.Tensor:
     if not torch.is_floating_point(value):
         raise ValueError(
             f"{name} must be floating point (e.g. {name}.float()), got dtype {value.dtype}"
+        )
+    return value
+
+
+def check_dtype(name: str, value: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
+    """A floating tensor of the model's dtype (``dtype=None``: anything).
+
+    Raises:
+        ValueError: ``"x has dtype torch.float64 but the model's weights are torch.float32;
+            ..."`` with both conversions.
+    """
+    if dtype is not None and value.dtype != dtype:
+        raise ValueError(
+            f"{name} has dtype {value.dtype} but the model's weights are {dtype}; convert "
+            f"{name} with {name}.to({dtype}), or the model with model.to({value.dtype})"
         )
     return value
 

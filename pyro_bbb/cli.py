@@ -122,6 +122,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     uci.add_argument("--epochs", type=_positive_int, default=None, help="training epochs")
     uci.add_argument("--batch-size", type=_positive_int, default=None)
     uci.add_argument("--lr", type=float, default=None, help="Adam learning rate")
+    uci.add_argument(
+        "--hold",
+        type=float,
+        default=None,
+        help="fraction of the epochs at beta = 0 before the warm-up (0.25)",
+    )
     uci.add_argument("--methods", nargs="+", choices=["bnn", "deterministic", "mc_dropout"])
     uci.add_argument("--jobs", type=_positive_int, default=1, help="worker processes")
     uci.add_argument("--seed", type=int, default=0)
@@ -144,7 +150,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "reparam": None if args.reparam == "none" else args.reparam,
             "seed": args.seed,
         }
-        for name in ("epochs", "batch_size", "lr"):
+        for name in ("epochs", "batch_size", "lr", "hold"):
             if getattr(args, name) is not None:
                 options[name] = getattr(args, name)
         bench_uci(

@@ -16,6 +16,7 @@ from pyro.nn import PyroModule
 from torch import nn
 
 from ._validation import (
+    check_dtype,
     check_finite_tensor,
     check_floating_tensor,
     check_int,
@@ -101,6 +102,14 @@ class BNN(PyroModule):
             return tensor.device
         return torch.device("cpu")
 
+    @property
+    def dtype(self) -> torch.dtype | None:
+        """The floating dtype of the network's parameters and priors (``None`` if it has none)."""
+        for tensor in (*self.net.buffers(), *self.net.parameters()):
+            if torch.is_floating_point(tensor):
+                return tensor.dtype
+        return None
+
     def forward(self, x: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:
         """Run the model.
 
@@ -112,8 +121,9 @@ class BNN(PyroModule):
             The observed or sampled targets, ``(*sample, batch[, dim])``.
 
         Raises:
-            ValueError: On integer features, mismatched batch sizes or devices, a batch
-                larger than ``num_data``, or targets the likelihood cannot take.
+            ValueError: On integer features, features of another dtype than the weights,
+                mismatched batch sizes or devices, a batch larger than ``num_data``, or targets
+                the likelihood cannot take.
         """
         self._check_inputs(x, y)
         output = self.net(x)
@@ -151,6 +161,7 @@ class BNN(PyroModule):
                 f"x.to({str(device)!r}), or the model with model.to({str(x.device)!r}) "
                 "(fit(..., device=) moves model, guide and data)"
             )
+        check_dtype("x", x, self.dtype)
         if y is None:
             return
         check_tensor("y", y)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import warnings
 
 import pyro
 import pytest
@@ -20,7 +21,9 @@ from .support import requires_numpyro
 
 @pytest.mark.slow
 def test_demo_gap_uncertainty_is_at_least_twice_that_near_the_data():
-    fitted = fit_gap_demo(seed=0, progress=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", bbb.PosteriorCollapseWarning)  # the demo fits
+        fitted = fit_gap_demo(seed=0, progress=False)
     x = torch.linspace(-7, 7, 561).unsqueeze(-1)
     pred = bbb.predict(fitted.model, fitted.guide, x, num_samples=300, seed=0)
     summary = uncertainty_by_region(pred, x)
@@ -88,7 +91,9 @@ def test_tempered_bayesian_mlp_on_digits_is_as_accurate_and_better_calibrated_th
     acc_bnn, acc_det, ece_bnn, ece_det = [], [], [], []
     for seed in seeds:
         probs_det = deterministic_mlp(split, epochs, seed)
-        pred = tempered_bnn(split, epochs, seed)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", bbb.PosteriorCollapseWarning)  # digits fit
+            pred = tempered_bnn(split, epochs, seed)
         acc_det.append(metrics.accuracy(probs_det, split.y_test))
         ece_det.append(metrics.ece(probs_det, split.y_test))
         acc_bnn.append(metrics.accuracy(pred.probs, split.y_test))

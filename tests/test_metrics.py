@@ -152,20 +152,40 @@ def test_accuracy_of_binary_probabilities_thresholds_at_one_half():
 
 
 def test_nll_is_the_mean_negative_log_probability_of_the_true_label():
-    probs = torch.tensor([[0.5, 0.25, 0.25], [0.25, 0.5, 0.25]])
+    log_probs = torch.tensor([[0.5, 0.25, 0.25], [0.25, 0.5, 0.25]]).log()
     y = torch.tensor([0, 2])
-    assert nll(probs, y) == pytest.approx((math.log(2) + math.log(4)) / 2, rel=1e-6)
+    assert nll(log_probs, y) == pytest.approx((math.log(2) + math.log(4)) / 2, rel=1e-6)
 
 
-def test_nll_of_binary_probabilities_uses_one_minus_p_for_label_zero():
-    probs = torch.tensor([0.8, 0.8])
+def test_nll_of_binary_log_probabilities_reads_the_column_of_the_label():
+    log_probs = torch.tensor([[0.2, 0.8], [0.2, 0.8]]).log()  # [log(1 - p), log p]
     y = torch.tensor([1, 0])
-    assert nll(probs, y) == pytest.approx(-(math.log(0.8) + math.log(0.2)) / 2, rel=1e-6)
+    assert nll(log_probs, y) == pytest.approx(-(math.log(0.8) + math.log(0.2)) / 2, rel=1e-6)
+    with pytest.raises(ValueError, match=r"binary: the two columns"):
+        nll(torch.tensor([0.8, 0.8]).log(), y)
 
 
-def test_nll_is_finite_when_the_true_label_has_zero_probability():
-    value = nll(torch.tensor([[1.0, 0.0]]), torch.tensor([1]))
-    assert value == pytest.approx(-math.log(1e-12))
+def test_nll_is_exact_for_a_confident_error_far_beyond_what_probabilities_can_hold():
+    # softmax([0, 200]) gives the true class 0 probability e^-200: 0 in float32, and
+    # log(probs) clamped at 1e-12 would have reported 27.6 nats.
+    logits = torch.tensor([[0.0, 200.0]])
+    assert torch.softmax(logits, -1)[0, 0] == 0
+    value = nll(torch.log_softmax(logits, -1), torch.tensor([0]))
+    assert value == pytest.approx(200.0, rel=1e-6)
+    logit = torch.tensor([200.0])
+    two_columns = torch.nn.functional.logsigmoid(torch.stack([-logit, logit], -1))
+    assert nll(two_columns, torch.tensor([0])) == pytest.approx(200.0, rel=1e-6)
+
+
+def test_nll_is_infinite_when_the_true_label_has_probability_zero():
+    assert nll(torch.tensor([[0.0, -math.inf]]), torch.tensor([1])) == math.inf
+
+
+def test_nll_refuses_probabilities_passed_for_log_probabilities():
+    with pytest.raises(ValueError, match=r"log_probs must be <= 0.*log_softmax"):
+        nll(torch.tensor([[0.7, 0.3]]), torch.tensor([0]))
+    with pytest.raises(ValueError, match=r"log_probs must be normalised.*log_softmax"):
+        nll(torch.tensor([[-3.0, -3.0]]), torch.tensor([0]))
 
 
 def test_brier_is_zero_for_perfect_one_hot_predictions():
@@ -238,19 +258,21 @@ def test_ece_is_the_alias_of_expected_calibration_error():
 
 
 def test_classification_metrics_reject_mismatched_batch_sizes():
-    with pytest.raises(ValueError, match=r"y must have one label per row of probs \(3\), got 2"):
+    with pytest.raises(ValueError, match=r"y must have one label per prediction \(3\), got 2"):
         accuracy(torch.full((3, 2), 0.5), torch.tensor([0, 1]))
 
 
 @pytest.mark.parametrize("metric", [accuracy, nll, brier, expected_calibration_error])
 def test_classification_metrics_reject_labels_out_of_range(metric):
+    inputs = torch.full((2, 3), 1 / 3)
+    inputs = inputs.log() if metric is nll else inputs
     with pytest.raises(ValueError, match=r"y must hold labels in \[0, 3\).*got labels in \[0, 3\]"):
-        metric(torch.full((2, 3), 1 / 3), torch.tensor([0, 3]))
+        metric(inputs, torch.tensor([0, 3]))
 
 
 def test_binary_metrics_reject_labels_other_than_zero_and_one():
     with pytest.raises(ValueError, match=r"y must hold labels in \[0, 2\)"):
-        nll(torch.tensor([0.3, 0.7]), torch.tensor([0, 2]))
+        brier(torch.tensor([0.3, 0.7]), torch.tensor([0, 2]))
 
 
 def test_classification_metrics_reject_float_labels():
@@ -265,7 +287,7 @@ def test_classification_metrics_reject_non_finite_probabilities():
 
 def test_classification_metrics_reject_probabilities_outside_the_unit_interval():
     with pytest.raises(ValueError, match=r"probs must lie in \[0, 1\]"):
-        nll(torch.tensor([[1.5, -0.5]]), torch.tensor([0]))
+        brier(torch.tensor([[1.5, -0.5]]), torch.tensor([0]))
 
 
 @pytest.mark.parametrize("num_bins", [0, -3, 2.5])

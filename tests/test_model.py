@@ -72,7 +72,7 @@ def test_bnn_trains_with_pyro_autoguides_through_fit(guide_class):
     guide = guide_class(model)
     history = fit(model, guide, x, y, epochs=50, lr=0.03, progress=False)
     assert all(math.isfinite(v) for v in history.loss)
-    first, last = _decreased(history.loss)
+    first, last = _decreased(history.plain_loss)  # the annealed loss rises with beta
     assert last < 0.9 * first
 
 

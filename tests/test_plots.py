@@ -109,6 +109,15 @@ def test_plot_history_returns_a_figure_and_writes_a_png(tmp_path):
     np.testing.assert_allclose(bottom.get_lines()[0].get_ydata(), [0.0, 0.5, 1.0, 1.0])
 
 
+def test_plot_history_draws_the_fraction_of_weights_at_the_prior_when_recorded():
+    history = {
+        "loss": [3.0, 2.0], "nll": [2.0, 1.0], "kl": [1.0, 1.0], "beta": [0.0, 1.0],
+        "collapsed": [0.2, 0.9],
+    }  # fmt: skip
+    _, bottom = plot_history(history).axes
+    np.testing.assert_allclose(bottom.get_lines()[1].get_ydata(), [0.2, 0.9])
+
+
 def test_plot_history_uses_a_log_scale_for_positive_curves_and_accepts_a_mapping():
     history = {"loss": [3.0, 2.0], "nll": [2.0, 1.0], "kl": [1.0, 1.0], "beta": []}
     top, _ = plot_history(history).axes

@@ -88,6 +88,8 @@ class UCIConfig:
         rank: Rank of the low-rank guide (one block per layer).
         reparam: Gradient estimator of the BNN: ``None``, ``"local"`` or ``"flipout"``.
         init_scale: Initial posterior std of every weight (BNN).
+        hold: Epochs at β = 0 before the warm-up, as a fraction of ``epochs`` (BNN): the
+            likelihood first, as :func:`~pyro_bbb.fit` does by default.
         warmup: Length of the linear KL warm-up from β = 0, as a fraction of ``epochs`` (BNN).
         beta: β after the warm-up (BNN); 1 is the ELBO.
         noise_init: Initial noise std, in standardized target units (all methods).
@@ -104,6 +106,7 @@ class UCIConfig:
     rank: int = 2
     reparam: str | None = "local"
     init_scale: float = 1e-2
+    hold: float = 0.25
     warmup: float = 0.25
     beta: float = 1.0
     noise_init: float = 0.5
@@ -122,6 +125,12 @@ class UCIConfig:
         for name in ("lr", "init_scale", "warmup", "noise_init"):
             check_positive_number(name, getattr(self, name))
         check_nonnegative_number("beta", self.beta)
+        check_nonnegative_number("hold", self.hold)
+        if self.hold + self.warmup > 1:
+            raise ValueError(
+                f"hold + warmup must be at most 1 (fractions of epochs), got {self.hold} + "
+                f"{self.warmup}"
+            )
         check_open_unit_interval("dropout", self.dropout)
 
 
@@ -181,7 +190,9 @@ def fit_split(
         pyro.set_rng_seed(seed)
         model, guide = _build(method, split.x_train.shape[1], n_hidden, len(split.x_train), config)
         if method == "bnn":
-            beta: Any = LinearWarmup(config.warmup * config.epochs, end=config.beta)
+            beta: Any = LinearWarmup(
+                config.warmup * config.epochs, end=config.beta, delay=config.hold * config.epochs
+            )
             reparam = config.reparam
         else:
             beta, reparam = 1.0, None  # the log prior as weight decay, at full weight

@@ -198,7 +198,8 @@ class UCIResults:
         lines.append(
             f"{c.epochs} epochs, batch {c.batch_size or 'full'}, Adam lr {c.lr:g}; "
             f"BNN: {guide} guide, reparam {c.reparam}, initial σ {c.init_scale:g}, "
-            f"β linear from 0 to {c.beta:g} over the first {c.warmup:.0%} of the epochs; "
+            f"β 0 for the first {c.hold:.0%} of the epochs, then linear to {c.beta:g} over "
+            f"the next {c.warmup:.0%}; "
             f"MC dropout p = {c.dropout:g}; {c.num_samples} predictive samples. "
             f"Wall time {self.seconds:.0f} s with {self.jobs} worker(s); CPU time "
             f"{sum(r.cpu_seconds for r in self.results):.0f} s over all fits."

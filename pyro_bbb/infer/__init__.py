@@ -15,11 +15,14 @@
 * :mod:`~pyro_bbb.infer.predictive`: :func:`predict` and its summaries;
 * :mod:`~pyro_bbb.infer.continual`: :class:`VCL`, variational continual learning over
   ``fit`` (with :mod:`~pyro_bbb.infer.coresets`);
+* :mod:`~pyro_bbb.infer.collapse`: how much of a posterior sits at its prior, and the
+  :class:`PosteriorCollapseWarning` that :func:`fit` gives;
 * :mod:`~pyro_bbb.infer.mcmc`: :func:`run_nuts` on the same model.
 
 This package imports nothing of :mod:`pyro_bbb.evaluation`, the plots or the command line.
 """
 
+from .collapse import CollapseDiagnosis, PosteriorCollapseWarning, diagnose_collapse, weight_kl
 from .continual import VCL
 from .coresets import select_coreset
 from .elbo import AnnealedELBO, ELBOTerms
@@ -35,6 +38,7 @@ from .schedules import (
     LinearWarmup,
     SigmoidWarmup,
     as_schedule,
+    delayed_warmup,
 )
 from .serialization import load, save
 from .training import Callback, fit
@@ -45,6 +49,7 @@ __all__ = [
     "BetaSchedule",
     "Callback",
     "ClassificationPrediction",
+    "CollapseDiagnosis",
     "ConstantBeta",
     "CyclicalAnnealing",
     "ELBOTerms",
@@ -53,10 +58,13 @@ __all__ = [
     "LowRankGuide",
     "MeanFieldGuide",
     "NUTSResult",
+    "PosteriorCollapseWarning",
     "Prediction",
     "RegressionPrediction",
     "SigmoidWarmup",
     "as_schedule",
+    "delayed_warmup",
+    "diagnose_collapse",
     "fit",
     "flipout",
     "load",
@@ -66,4 +74,5 @@ __all__ = [
     "run_nuts",
     "save",
     "select_coreset",
+    "weight_kl",
 ]

@@ -140,12 +140,16 @@ class VCL:
             head: The task's head of a :class:`~pyro_bbb.nn.MultiHead` network (required
                 there; ``None`` for a single-head network).
             **options: Passed to :func:`~pyro_bbb.fit` (``epochs``, ``batch_size``, ``lr``,
-                ``beta``, ``reparam``, ``seed``, …).
+                ``beta``, ``reparam``, ``seed``, …). ``beta`` defaults to 1, the plain ELBO
+                of Nguyen et al. (2018), not ``fit``'s likelihood-first schedule: holding
+                the KL to the previous tasks' posterior at zero for a quarter of the epochs
+                would let the network forget them.
 
         Returns:
             The task's :class:`History`.
         """
         self._check_head(head)
+        options.setdefault("beta", 1.0)
         coreset = None
         if self.coreset is not None:
             chosen, rest = select_coreset(

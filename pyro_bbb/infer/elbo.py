@@ -172,6 +172,19 @@ def _total(terms: list[torch.Tensor]) -> torch.Tensor:
     return torch.stack(terms).sum()
 
 
+def _is_delta(fn: object) -> bool:
+    r"""Whether a (reinterpreted) distribution is a ``Delta``.
+
+    Pyro registers :math:`\mathrm{KL}(\delta_v \| p) = -\log p(v)`, which drops the Delta's
+    ``log_density``: under an autoguide that is the log-Jacobian of a constrained site's
+    transform (``AutoNormal`` on a ``LogNormal`` latent). The Monte Carlo term
+    :math:`\log \delta_v(v) - \log p(v)` keeps it, and equals the registered rule otherwise.
+    """
+    while isinstance(fn, torch.distributions.Independent):
+        fn = fn.base_dist
+    return isinstance(fn, dist.Delta)
+
+
 def _signature(fn: object) -> tuple:
     base = getattr(fn, "base_dist", None)
     if base is None:
@@ -249,7 +262,7 @@ class AnnealedELBO(ELBO):
         return model_trace, guide_trace
 
     def _closed_form_kl(self, q, p) -> torch.Tensor | None:
-        if not self.analytic_kl:
+        if not self.analytic_kl or _is_delta(q):
             return None
         fast = diagonal_normal_kl(q, p)
         if fast is not None:

@@ -25,6 +25,10 @@ class History:
         beta: Mean β over the epoch.
         seconds: Wall-clock seconds per epoch.
         steps: Optimiser steps taken by the end of each epoch (cumulative).
+        collapsed: Fraction of weights whose posterior marginal is within 0.05 nats (KL) of
+            its prior at the end of the epoch; ``nan`` for a guide whose marginals are not
+            known. Most weights at the prior while the noise explains the targets is
+            posterior collapse (see :class:`~pyro_bbb.PosteriorCollapseWarning`).
         num_data: Number of training points ``N``.
     """
 
@@ -36,6 +40,7 @@ class History:
     beta: list[float] = field(default_factory=list)
     seconds: list[float] = field(default_factory=list)
     steps: list[int] = field(default_factory=list)
+    collapsed: list[float] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.loss)
@@ -45,9 +50,18 @@ class History:
         """The β-annealed ELBO per epoch, ``-loss``."""
         return [-v for v in self.loss]
 
+    @property
+    def plain_loss(self) -> list[float]:
+        """The negative plain (β = 1) ELBO per epoch, ``nll + kl``, whatever β trained it.
+
+        The objective a posterior is judged by: compare fits (schedules, restarts, initial
+        σ) by its last values, not by :attr:`loss`, which is weighted by the epoch's β.
+        """
+        return [n + k for n, k in zip(self.nll, self.kl, strict=True)]
+
     def as_dict(self) -> dict[str, list[float] | list[int]]:
         """The per-epoch lists by name (e.g. for a ``pandas.DataFrame``)."""
-        names = ("loss", "loss_per_datum", "nll", "kl", "beta", "seconds", "steps")
+        names = ("loss", "loss_per_datum", "nll", "kl", "beta", "seconds", "steps", "collapsed")
         return {name: list(getattr(self, name)) for name in names}
 
     def __repr__(self) -> str:

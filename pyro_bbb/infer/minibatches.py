@@ -6,38 +6,61 @@ of minibatches already on the training device, and checks the data against the m
 name the argument. The order of tensor data is :func:`epoch_order`: a function of a seed and
 the epoch only, drawn as ``torch.utils.data.DistributedSampler`` draws it, so that every
 process of a data-parallel fit agrees on it, a resumed fit continues it, and Monte Carlo
-noise never shifts it. Nothing here trains.
+noise never shifts it. :func:`check_likelihood_scale` checks that the model scales a
+minibatch's log-likelihood by :math:`N/B`. Nothing here trains.
 """
 
 from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import pyro.poutine as poutine
 import torch
+from pyro.poutine.util import site_is_subsample
 from torch.utils.data import DataLoader, DistributedSampler
 
-from .._validation import check_finite_tensor, check_floating_tensor, check_same_rows
+from .._validation import (
+    check_dtype,
+    check_finite_tensor,
+    check_floating_tensor,
+    check_has_values,
+    check_same_rows,
+)
 
-__all__ = ["Batches", "epoch_order", "make_batches"]
+__all__ = ["Batches", "check_likelihood_scale", "epoch_order", "make_batches"]
 
 
 class Batches:
     """Re-iterable minibatches of tensors already on the training device, or a loader."""
 
     def __init__(
-        self, make: Callable[[int], Iterable], num_steps: int, num_data: int, seed: int | None
+        self,
+        make: Callable[[int], Iterable],
+        num_steps: int,
+        num_data: int,
+        seed: int | None,
+        rows: Callable[[int], tuple[torch.Tensor, torch.Tensor]] | None = None,
     ) -> None:
         self._make, self._num_steps, self.num_data = make, num_steps, num_data
         #: The seed of the order (tensor input), ``None`` for a loader.
         self.seed = seed
+        self._rows = rows
 
     def __call__(self, epoch: int = 0) -> Iterable:
         """Epoch ``epoch``'s minibatches, ``(x, y)`` pairs."""
         return self._make(epoch)
+
+    def sample(self, max_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Up to ``max_rows`` training points, ``(x, y)``, without using the random state.
+
+        A fixed random subset of tensor data; the first batch of a ``DataLoader``.
+        """
+        if self._rows is not None:
+            return self._rows(max_rows)
+        return next(iter(self._make(0)))
 
     def __len__(self) -> int:
         return self._num_steps
@@ -152,6 +175,8 @@ def make_batches(
             "x and y must be tensors (or x a DataLoader and y None), got "
             f"{type(x).__name__} and {type(y).__name__}"
         )
+    check_has_values("x", x)
+    check_has_values("y", y)
     x, y = x.to(device), y.to(device)
     _check_data(model, x, y)
     n = x.shape[0]
@@ -180,7 +205,14 @@ def make_batches(
             idx = order[k * size : (k + 1) * size]
             yield x[idx], y[idx]
 
-    return Batches(tensor_batches, num_steps, num_data or n, seed)
+    def rows(max_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if n <= max_rows:
+            return x, y
+        generator = torch.Generator().manual_seed(0)
+        index = torch.randperm(n, generator=generator)[:max_rows].to(device)
+        return x[index], y[index]
+
+    return Batches(tensor_batches, num_steps, num_data or n, seed, rows)
 
 
 def _check_data(model, x: torch.Tensor, y: torch.Tensor, widths: dict | None = None) -> None:
@@ -190,6 +222,7 @@ def _check_data(model, x: torch.Tensor, y: torch.Tensor, widths: dict | None = N
     network runs once per fit for this check, not once per batch.
     """
     check_floating_tensor("x", x)
+    check_dtype("x", x, getattr(model, "dtype", None))
     check_finite_tensor("x", x)
     check_same_rows(x, y)
     likelihood = getattr(model, "likelihood", None)
@@ -200,3 +233,45 @@ def _check_data(model, x: torch.Tensor, y: torch.Tensor, widths: dict | None = N
             with torch.no_grad(), poutine.block():
                 widths["out"] = net(x[:1]).shape[-1]
         likelihood.check_target(y, widths["out"])
+
+
+def check_likelihood_scale(
+    model: Callable[..., Any], batch: Sequence[torch.Tensor], num_data: int
+) -> None:
+    r"""Check that the model scales a minibatch's log-likelihood by :math:`N/B`.
+
+    The ELBO counts the KL once per step and relies on the model to weight a batch of ``B``
+    of the ``N`` points by :math:`N/B`, as a subsampled ``pyro.plate("data", N,
+    subsample=...)`` does (:class:`~pyro_bbb.BNN` has one). A model whose data plate is
+    sized by the batch instead would silently weight the KL :math:`N/B` times too much. The
+    model is traced once on ``batch``, with weights from the prior, and every observed site's
+    scale is compared with :math:`N/B`; nothing is checked when ``B = N``.
+
+    Args:
+        model: The Pyro model ``model(x, y)``.
+        batch: The first minibatch ``(x, y)``.
+        num_data: ``N``, the size of the training set.
+
+    Raises:
+        ValueError: Naming the site, its scale and the expected :math:`N/B`.
+    """
+    size = batch[0].shape[0]
+    if size == num_data:
+        return
+    expected = num_data / size
+    cuda = sorted({t.device for t in batch if t.device.type == "cuda"}, key=str)
+    with torch.random.fork_rng(devices=cuda), torch.no_grad(), poutine.block():
+        trace = poutine.trace(model).get_trace(*batch)
+    for name, site in trace.nodes.items():
+        if site["type"] != "sample" or not site["is_observed"] or site_is_subsample(site):
+            continue
+        scale = float(site["scale"])
+        if not math.isclose(scale, expected, rel_tol=1e-5):
+            raise ValueError(
+                f"the model's observed site {name!r} has its log-likelihood scaled by "
+                f"{scale:g} on a minibatch of {size} of the {num_data} training points, but "
+                f"by N/B = {expected:g} is needed, or the KL is weighted {expected / scale:g} "
+                f"times too much. Put the site in pyro.plate('data', {num_data}, "
+                "subsample=...) sized by the whole training set (as pyro_bbb.BNN does), or "
+                "train full batch (batch_size=None); to temper, use beta= instead"
+            )

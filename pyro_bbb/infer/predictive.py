@@ -11,13 +11,15 @@ mean and its variance split by the law of total variance,
     \mathrm{Var}[y] = \underbrace{\mathrm{Var}_s[\mu_s]}_{\text{epistemic}}
         + \underbrace{\mathbb{E}_s[\sigma_s^2]}_{\text{aleatoric}},
 
-and for classification the mean probabilities with the entropy split
+and for classification the per-sample logits, from which come the mean probabilities, exact
+log-probabilities (log-softmax, never the log of a rounded probability) and the entropy split
 :math:`\mathbb{H}[\bar p] = \mathbb{E}_s \mathbb{H}[p_s] + \mathrm{MI}` (expected entropy,
 aleatoric, plus mutual information between label and weights, epistemic).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
@@ -28,7 +30,12 @@ import pyro.poutine as poutine
 import torch
 
 from .. import metrics
-from .._validation import check_int, check_open_unit_interval
+from .._validation import (
+    check_finite_tensor,
+    check_int,
+    check_open_unit_interval,
+    check_tensor,
+)
 from .reparam import estimator
 
 __all__ = ["ClassificationPrediction", "Prediction", "RegressionPrediction", "predict"]
@@ -145,18 +152,55 @@ class RegressionPrediction(Prediction):
 
 @dataclass(frozen=True)
 class ClassificationPrediction(Prediction):
-    """The predictive of a Categorical or Bernoulli likelihood.
+    r"""The predictive of a Categorical or Bernoulli likelihood, kept as logits.
+
+    Probabilities, log-probabilities and entropies are all derived from the logits, so the
+    log-probabilities stay exact where probabilities round to 0 or 1 (a confident error of
+    200 nats is reported as 200, not as the 27.6 nats of a probability clamped at 1e-12).
 
     Attributes:
         samples: Draws of the labels, ``(num_samples, batch[, dim])``.
-        probs_samples: Class probabilities under each weight sample: ``(num_samples, batch,
-            classes)`` for Categorical, ``(num_samples, batch[, dim])`` of p(y=1) for
-            Bernoulli.
-        binary: Whether probabilities are Bernoulli p(y=1).
+        logits_samples: The logits under each weight sample: ``(num_samples, batch,
+            classes)`` for Categorical, ``(num_samples, batch[, dim])`` of
+            :math:`\log\frac{p(y=1)}{p(y=0)}` for Bernoulli.
+        binary: Whether the logits are Bernoulli logits.
     """
 
-    probs_samples: torch.Tensor
+    logits_samples: torch.Tensor
     binary: bool = False
+
+    @classmethod
+    def from_probs(
+        cls, samples: torch.Tensor, probs_samples: torch.Tensor, *, binary: bool = False
+    ) -> ClassificationPrediction:
+        """Build a prediction from per-sample probabilities (their logs become the logits).
+
+        Args:
+            samples: Draws of the labels, ``(num_samples, batch[, dim])``.
+            probs_samples: Class probabilities ``(num_samples, batch, classes)``, or
+                :math:`p(y=1)` ``(num_samples, batch[, dim])`` if ``binary``.
+            binary: Whether the probabilities are Bernoulli :math:`p(y=1)`.
+        """
+        logits = torch.logit(probs_samples) if binary else probs_samples.log()
+        return cls(samples=samples, logits_samples=logits, binary=binary)
+
+    @property
+    def probs_samples(self) -> torch.Tensor:
+        """Class probabilities under each weight sample, shaped as :attr:`logits_samples`."""
+        if self.binary:
+            return torch.sigmoid(self.logits_samples)
+        return torch.softmax(self.logits_samples, -1)
+
+    @property
+    def log_probs_samples(self) -> torch.Tensor:
+        """Log-probabilities under each weight sample, ``(num_samples, batch[, dim], classes)``.
+
+        Binary predictions get the two classes ``[log p(y=0), log p(y=1)]`` as the last dim.
+        """
+        if self.binary:
+            logits = self.logits_samples
+            return torch.nn.functional.logsigmoid(torch.stack([-logits, logits], -1))
+        return torch.log_softmax(self.logits_samples, -1)
 
     @property
     def probs(self) -> torch.Tensor:
@@ -164,25 +208,34 @@ class ClassificationPrediction(Prediction):
         return self.probs_samples.mean(0)
 
     @property
+    def log_probs(self) -> torch.Tensor:
+        r"""Log of the mean predictive probabilities, ``(batch[, dim], classes)``.
+
+        :math:`\log \frac1S \sum_s p(y \mid w_s)` by ``logsumexp`` of the per-sample
+        log-softmax, exact where the probabilities underflow; binary predictions get the two
+        columns ``[log p(y=0), log p(y=1)]``. This is what :func:`pyro_bbb.metrics.nll` takes.
+        """
+        return torch.logsumexp(self.log_probs_samples, 0) - math.log(self.num_samples)
+
+    @property
     def predicted(self) -> torch.Tensor:
         """The most probable label per point, ``(batch[, dim])``."""
         return (self.probs > 0.5).long() if self.binary else self.probs.argmax(-1)
 
-    def _entropy(self, p: torch.Tensor) -> torch.Tensor:
-        if self.binary:
-            q = 1 - p
-            return -(torch.xlogy(p, p) + torch.xlogy(q, q))
-        return -torch.xlogy(p, p).sum(-1)
+    @staticmethod
+    def _entropy(log_p: torch.Tensor) -> torch.Tensor:
+        """Entropy over the last (class) dim from log-probabilities, 0 log 0 = 0."""
+        return -(log_p.exp() * log_p.clamp_min(torch.finfo(log_p.dtype).min)).sum(-1)
 
     @property
     def entropy(self) -> torch.Tensor:
         r"""Predictive entropy :math:`\mathbb{H}[\bar p]`, the total (nats), ``(batch[, dim])``."""
-        return self._entropy(self.probs)
+        return self._entropy(self.log_probs)
 
     @property
     def expected_entropy(self) -> torch.Tensor:
         r""":math:`\mathbb{E}_s\,\mathbb{H}[p_s]`, the aleatoric part (nats), ``(batch[, dim])``."""
-        return self._entropy(self.probs_samples).mean(0)
+        return self._entropy(self.log_probs_samples).mean(0)
 
     @property
     def mutual_information(self) -> torch.Tensor:
@@ -192,18 +245,20 @@ class ClassificationPrediction(Prediction):
     def log_likelihood(self, y: torch.Tensor) -> float:
         r"""Mean log predictive probability of the labels ``y`` per point (nats).
 
-        :math:`\frac1N\sum_i \log \frac1S \sum_s p(y_i \mid w_s)`, where for multi-label
+        :math:`\frac1N\sum_i \log \frac1S\sum_s p(y_i \mid w_s)`, from the log-softmax
+        (log-sigmoid) of the logits, so a confident error counts in full. For multi-label
         Bernoulli targets ``(batch, dim)`` the labels of one point are joint under each
         sample (a product over ``dim``), not averaged separately.
         """
         if self.binary:
-            probs = self.probs_samples.clamp(1e-12, 1 - 1e-12)
-            y = y.to(probs.dtype).expand_as(probs)
-            log_p = torch.xlogy(y, probs) + torch.xlogy(1 - y, 1 - probs)
+            y = y.to(self.logits_samples.dtype).expand_as(self.logits_samples)
+            log_p = -torch.nn.functional.binary_cross_entropy_with_logits(
+                self.logits_samples, y, reduction="none"
+            )
             log_p = log_p.reshape(*log_p.shape[:2], -1).sum(-1)
         else:
             index = y.long().reshape(1, -1, 1).expand(self.num_samples, -1, 1)
-            log_p = self.probs_samples.clamp_min(1e-12).log().gather(-1, index).squeeze(-1)
+            log_p = torch.log_softmax(self.logits_samples, -1).gather(-1, index).squeeze(-1)
         return metrics.log_likelihood(log_p)
 
 
@@ -237,9 +292,15 @@ def predict(
 
     Returns:
         A :class:`RegressionPrediction` or :class:`ClassificationPrediction`.
+
+    Raises:
+        ValueError: On bad options, or inputs with NaN/inf or that the model refuses.
     """
     check_int("num_samples", num_samples)
     check_int("batch_size", batch_size, optional=True)
+    check_tensor("x", x)
+    if torch.is_floating_point(x) and x.device.type != "meta":  # the model names a meta x
+        check_finite_tensor("x", x)
     if seed is not None:
         pyro.set_rng_seed(seed)
     nesting = getattr(model, "max_plate_nesting", 1)
@@ -278,9 +339,11 @@ def _summarise(parts, draws, num_samples):
             samples=samples, loc_samples=gather("loc"), scale_samples=gather("scale")
         )
     if isinstance(bases[0], dist.Categorical):
-        return ClassificationPrediction(samples=samples, probs_samples=gather("probs", -2, 1))
+        return ClassificationPrediction(samples=samples, logits_samples=gather("logits", -2, 1))
     if isinstance(bases[0], dist.Bernoulli):
-        return ClassificationPrediction(samples=samples, probs_samples=gather("probs"), binary=True)
+        return ClassificationPrediction(
+            samples=samples, logits_samples=gather("logits"), binary=True
+        )
     raise NotImplementedError(
         "predict summarises Normal, Categorical and Bernoulli likelihoods, got "
         f"{type(bases[0]).__name__}"

@@ -236,9 +236,12 @@ class LocalReparameterizationMessenger(_WeightNoiseMessenger):
             return mean
         noise = self._noise_shape(affine, x, weight, bias, affine.output_event_dims)
         shape = broadcast_shape(noise, variance.shape, mean.shape)
-        return mean + variance.clamp_min(0).sqrt() * torch.randn(
-            shape, dtype=mean.dtype, device=mean.device
-        )
+        # A pre-activation variance of exactly 0 (an all-zero input row into a layer whose
+        # bias is deterministic) has sqrt' = inf, and inf * 0 poisons the gradient with NaN.
+        # Below the smallest normal float the clamp passes no gradient; the value it adds,
+        # sqrt(tiny) ~ 1e-19 (float32), is below float resolution of any activation.
+        std = variance.clamp_min(torch.finfo(variance.dtype).tiny).sqrt()
+        return mean + std * torch.randn(shape, dtype=mean.dtype, device=mean.device)
 
 
 class FlipoutMessenger(_WeightNoiseMessenger):

@@ -25,12 +25,14 @@ from torch.utils.data import DataLoader
 
 from .._validation import check_int, check_positive_number
 from .checkpoint import Checkpointing, FitState
+from .collapse import FRACTION_THRESHOLD as COLLAPSE_FRACTION
+from .collapse import CollapseMonitor, diagnose_collapse, warn_if_collapsed
 from .distributed import data_parallel
 from .elbo import AnnealedELBO, ELBOTerms
 from .history import History
-from .minibatches import make_batches
+from .minibatches import check_likelihood_scale, make_batches
 from .reparam import estimator
-from .schedules import ScheduleLike, as_schedule
+from .schedules import ScheduleLike, as_schedule, delayed_warmup
 
 __all__ = ["Callback", "fit"]
 
@@ -65,7 +67,7 @@ def fit(
     batch_size: int | None = None,
     lr: float = 1e-2,
     optimizer: OptimizerSpec | None = None,
-    beta: ScheduleLike = 1.0,
+    beta: ScheduleLike | None = None,
     num_particles: int = 1,
     reparam: str | None = None,
     device: str | torch.device | None = None,
@@ -118,7 +120,13 @@ def fit(
             parameters allow it: floating point, on one CPU or CUDA device.
         beta: KL weight: a number, a :mod:`~pyro_bbb.infer.schedules` schedule
             (``LinearWarmup(20)``, ``SigmoidWarmup(...)``, ``CyclicalAnnealing(...)``) or any
-            callable of the epoch.
+            callable of the epoch. ``None`` (the default) fits the likelihood first:
+            β = 0 for the first quarter of the epochs, linear to 1 by half-way, then the
+            plain ELBO (:func:`~pyro_bbb.infer.schedules.delayed_warmup`); it keeps a guide
+            started wide from settling at the prior on small data. It is drawn over
+            ``epochs``: a fit resumed with other ``epochs`` follows another schedule, so pass
+            one explicitly to extend a run. Pass ``beta=1.0`` for the plain ELBO
+            throughout, e.g. to continue a fit.
         num_particles: Weight samples per step, vectorised.
         reparam: Gradient estimator: ``None`` (sample the weights), ``"local"`` or
             ``"flipout"`` (see :mod:`pyro_bbb.infer.reparam`).
@@ -140,9 +148,16 @@ def fit(
     Returns:
         The :class:`History` of the fit.
 
+    Warns:
+        PosteriorCollapseWarning: When training ends with most weights at their prior and the
+            predictive mean missing structure in the data (up to 2,048 training points; see
+            :mod:`pyro_bbb.infer.collapse`); the message gives the measurements and what to
+            try.
+
     Raises:
         ValueError: On bad data (shapes, dtypes, NaN/inf, labels out of range, a data set
-            whose size is not the model's ``num_data``) or bad options; a ``resume`` file
+            whose size is not the model's ``num_data``), on a model that does not scale a
+            minibatch's log-likelihood by ``N / B``, or on bad options; a ``resume`` file
             that is not a checkpoint, is from another model, or has done more than
             ``epochs`` epochs.
         FileNotFoundError: If ``resume`` names no file.
@@ -152,7 +167,7 @@ def fit(
     check_int("epochs", epochs)
     check_int("batch_size", batch_size, optional=True)
     check_positive_number("lr", lr)
-    schedule = as_schedule(beta)
+    schedule = delayed_warmup(epochs) if beta is None else as_schedule(beta)
     handler = estimator(reparam)
     parallel = data_parallel()  # a world of one unless torch.distributed is initialised
     saving = Checkpointing(
@@ -173,6 +188,7 @@ def fit(
 
     elbo = AnnealedELBO(schedule(0.0), num_particles=num_particles)
     first = next(iter(batches()))
+    check_likelihood_scale(model, first, batches.num_data)
     # Find the parameters (creating the guide's) without using up random numbers: the first
     # step then draws what SVI's first step would draw from the same seed.
     with (
@@ -194,6 +210,7 @@ def fit(
         saving.restore(state, parallel.rank)  # parameters, optimiser, History, random states
     else:
         parallel.seed_noise(seed)  # shared initialisation, Monte Carlo noise per process
+    monitor = CollapseMonitor(model, guide, *first)
 
     callbacks = list(callbacks)
     for callback in callbacks:
@@ -239,6 +256,7 @@ def fit(
         history.beta.append(betas / steps_done)
         history.seconds.append(time.perf_counter() - start)
         history.steps.append(step)
+        history.collapsed.append(monitor.fraction())
         if bar is not None:
             bar.update(1)
             bar.set_postfix(
@@ -250,6 +268,8 @@ def fit(
             break
     if bar is not None:
         bar.close()
+    if parallel.is_main and history.collapsed and history.collapsed[-1] >= COLLAPSE_FRACTION:
+        warn_if_collapsed(diagnose_collapse(model, guide, *batches.sample(2048)))
     return history
 
 

@@ -6,23 +6,26 @@ with the same messages. Nothing here computes a score.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from .._validation import check_tensor
 
 __all__ = [
-    "NLL_EPS",
+    "LOG_PROB_TOL",
     "PROB_TOL",
     "as_float64",
     "check_finite",
     "check_same_shape",
+    "class_log_probs",
     "class_probs",
     "labels_of",
     "probs_and_labels",
 ]
 
-NLL_EPS = 1e-12
-"""Probabilities are clamped to at least this before taking logs in :func:`nll`."""
+LOG_PROB_TOL = 1e-4
+"""How far a row of log-probabilities may stray from normalised (its ``logsumexp`` from 0)."""
 
 PROB_TOL = 1e-6
 """How far outside ``[0, 1]`` a probability may stray (float rounding) before it is rejected."""
@@ -73,6 +76,32 @@ def class_probs(probs: torch.Tensor) -> torch.Tensor:
     return p
 
 
+def class_log_probs(log_probs: torch.Tensor) -> torch.Tensor:
+    """Validate log-probabilities ``(batch, classes)``; return them as float64.
+
+    Binary predictions come as two columns ``[log(1 - p), log p]``: from ``log p`` alone,
+    ``log(1 - p)`` cannot be recovered once ``p`` rounds to 1.
+    """
+    lp = as_float64(log_probs, "log_probs")
+    if lp.dim() != 2 or lp.shape[1] < 2:
+        raise ValueError(
+            "log_probs must have shape (batch, classes) with classes >= 2 (binary: the two "
+            f"columns [log(1 - p), log p]), got {tuple(log_probs.shape)}"
+        )
+    if torch.isnan(lp).any() or (lp == math.inf).any():
+        raise ValueError("log_probs must not hold NaN or +inf")
+    hint = "; pass log-probabilities (log_softmax of the logits, or pred.log_probs)"
+    if float(lp.max()) > LOG_PROB_TOL:
+        raise ValueError(f"log_probs must be <= 0, got values up to {float(lp.max()):.6g}{hint}")
+    total = torch.logsumexp(lp, dim=-1).abs().max()
+    if float(total) > LOG_PROB_TOL:
+        raise ValueError(
+            "log_probs must be normalised, each row's logsumexp 0, got rows off by up to "
+            f"{float(total):.6g}{hint}"
+        )
+    return lp
+
+
 def labels_of(y: torch.Tensor, batch: int, num_classes: int) -> torch.Tensor:
     """Validate integer labels ``y`` of shape ``(batch,)`` against ``num_classes``."""
     check_tensor("y", y)
@@ -81,7 +110,7 @@ def labels_of(y: torch.Tensor, batch: int, num_classes: int) -> torch.Tensor:
     if y.dim() != 1:
         raise ValueError(f"y must have shape (batch,), got {tuple(y.shape)}")
     if y.shape[0] != batch:
-        raise ValueError(f"y must have one label per row of probs ({batch}), got {y.shape[0]}")
+        raise ValueError(f"y must have one label per prediction ({batch}), got {y.shape[0]}")
     y = y.detach().to(device="cpu", dtype=torch.int64)
     low, high = int(y.min()), int(y.max())
     if low < 0 or high >= num_classes:

@@ -3,7 +3,9 @@ r"""Scores of classification predictions: accuracy, NLL, Brier, calibration, AUR
 ``probs`` of shape ``(batch, classes)`` holds predictive class probabilities (``classes >=
 2``) and ``y`` integer labels in ``[0, classes)``; ``probs`` of shape ``(batch,)`` is binary,
 :math:`p(y = 1)`, with labels in ``{0, 1}`` (the predicted class is 1 when :math:`p > 0.5`,
-its confidence :math:`\max(p, 1 - p)`). :func:`auroc` scores how well a value (predictive
+its confidence :math:`\max(p, 1 - p)`). :func:`nll` takes log-probabilities
+``(batch, classes)`` instead (binary as two columns), computed from logits, so that its
+tails are exact. :func:`auroc` scores how well a value (predictive
 entropy, mutual information) separates two groups, e.g. in- from out-of-distribution inputs.
 Each function returns a Python ``float`` (numpy arrays for the reliability curve).
 
@@ -26,7 +28,7 @@ import numpy.typing as npt
 import torch
 
 from .._validation import check_int, check_tensor
-from ._inputs import NLL_EPS, as_float64, probs_and_labels
+from ._inputs import as_float64, class_log_probs, labels_of, probs_and_labels
 
 __all__ = [
     "ReliabilityCurve",
@@ -78,29 +80,35 @@ def accuracy(probs: torch.Tensor, y: torch.Tensor) -> float:
     return float((p.argmax(dim=-1) == labels).double().mean())
 
 
-def nll(probs: torch.Tensor, y: torch.Tensor) -> float:
-    r"""Mean negative log predictive probability of the true label.
+def nll(log_probs: torch.Tensor, y: torch.Tensor) -> float:
+    r"""Mean negative log predictive probability of the true label, from log-probabilities.
 
-    .. math:: \mathrm{NLL} = -\frac{1}{N}\sum_{i=1}^{N} \log \max(p_{i, y_i}, \epsilon),
+    .. math:: \mathrm{NLL} = -\frac{1}{N}\sum_{i=1}^{N} \log p_{i, y_i}.
 
-    with :math:`\epsilon = 10^{-12}` so a confidently wrong prediction costs about 27.6 nats
-    instead of infinity.
+    It takes log-probabilities, not probabilities: computed from logits (``log_softmax``, or
+    :attr:`~pyro_bbb.ClassificationPrediction.log_probs` of a prediction) they stay exact in
+    the tails, where ``log(probs)`` underflows. Nothing is clamped: a confidently wrong
+    prediction costs what it costs (a true label given probability 0 costs ``inf``), so the
+    score cannot flatter an over-confident model.
 
     Args:
-        probs: Predictive class probabilities, shape ``(batch, classes)``, or binary
-            :math:`p(y = 1)` with shape ``(batch,)``.
-        y: Integer labels, shape ``(batch,)``, in ``[0, classes)`` (``{0, 1}`` if binary).
+        log_probs: Normalised log-probabilities, shape ``(batch, classes)`` (each row's
+            ``logsumexp`` is 0); binary predictions as the two columns
+            ``[log(1 - p), log p]`` (``logsigmoid(-logit)``, ``logsigmoid(logit)``). Entries
+            may be ``-inf``.
+        y: Integer labels, shape ``(batch,)``, in ``[0, classes)``.
 
     Returns:
         The NLL, in nats per point.
 
     Raises:
         ValueError: If the batch sizes differ, labels are not integers or out of range, or
-            ``probs`` is not finite or outside ``[0, 1]``.
+            ``log_probs`` holds NaN or ``+inf``, is positive or is not normalised (e.g.
+            probabilities passed by mistake).
     """
-    p, labels = probs_and_labels(probs, y)
-    p_true = p.gather(-1, labels.unsqueeze(-1)).squeeze(-1)
-    return float(-p_true.clamp_min(NLL_EPS).log().mean())
+    lp = class_log_probs(log_probs)
+    labels = labels_of(y, lp.shape[0], lp.shape[1])
+    return float(-lp.gather(-1, labels.unsqueeze(-1)).squeeze(-1).mean())
 
 
 def brier(probs: torch.Tensor, y: torch.Tensor) -> float:

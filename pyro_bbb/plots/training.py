@@ -33,10 +33,19 @@ def _history_series(history: object, name: str) -> np.ndarray:
     return np.asarray([float(v) for v in values], dtype=np.float64)
 
 
+def _optional_series(history: object, name: str) -> np.ndarray:
+    present = name in history if isinstance(history, Mapping) else hasattr(history, name)
+    return _history_series(history, name) if present else np.zeros(0)
+
+
 def plot_history(
     history: object, *, title: str | None = None, path: str | os.PathLike[str] | None = None
 ) -> Figure:
     """Plot per-epoch training curves: loss, NLL and KL above, the KL weight β below.
+
+    Below, beside β, the fraction of weights at their prior (``history.collapsed``) when the
+    history has it: most weights at the prior while the fit stays poor is posterior collapse
+    (:class:`~pyro_bbb.PosteriorCollapseWarning`).
 
     The upper panel uses a log scale when every plotted value is positive and a symmetric log
     scale otherwise (a Gaussian negative log-likelihood, and so the loss, can be negative).
@@ -77,8 +86,14 @@ def plot_history(
 
     beta = series["beta"]
     if beta.size:
-        bottom.plot(np.arange(1, beta.size + 1), beta, color="C3")
+        bottom.plot(np.arange(1, beta.size + 1), beta, color="C3", label="β")
         bottom.set_ylim(0.0, max(1.0, float(beta.max())) * 1.05)
+    collapsed = _optional_series(history, "collapsed")
+    if collapsed.size and np.isfinite(collapsed).any():
+        bottom.plot(
+            np.arange(1, collapsed.size + 1), collapsed, color="C4", ls="--", label="at prior"
+        )
+        bottom.legend(loc="best", fontsize="small")
     bottom.set_ylabel("β (KL weight)")
     bottom.set_xlabel("epoch")
     bottom.grid(True, alpha=0.3)

@@ -74,7 +74,8 @@ def test_resume_continues_a_shuffled_dataloader_bit_for_bit(tmp_path):
         model, guide = _fresh()
         torch.manual_seed(7)  # the loader draws its order from torch's global generator
         loader = DataLoader(TensorDataset(x, y), batch_size=12, shuffle=True)
-        bbb.fit(model, guide, loader, epochs=epochs, seed=None, **options)
+        # a schedule of its own: the default one is drawn over the run's `epochs`
+        bbb.fit(model, guide, loader, epochs=epochs, seed=None, beta=LinearWarmup(5), **options)
         return _store()
 
     full = run(4)

@@ -16,6 +16,7 @@ from pyro_bbb import (
     RegressionPrediction,
     fit,
     likelihoods,
+    metrics,
     mlp,
     predict,
 )
@@ -176,7 +177,7 @@ def test_classification_entropy_split_matches_hand_computed_values():
         ],
         dtype=torch.float64,
     )  # (S=2, B=2, C=3)
-    prediction = ClassificationPrediction(samples=probs.argmax(-1), probs_samples=probs)
+    prediction = ClassificationPrediction.from_probs(probs.argmax(-1), probs)
     p = probs.numpy()
     mean = p.mean(0)
     np.testing.assert_allclose(prediction.probs.numpy(), mean)
@@ -191,14 +192,14 @@ def test_classification_entropy_split_matches_hand_computed_values():
 
 def test_mutual_information_is_zero_when_all_samples_agree():
     probs = torch.tensor([[0.6, 0.3, 0.1], [0.2, 0.2, 0.6]]).expand(5, 2, 3)
-    prediction = ClassificationPrediction(samples=torch.zeros(5, 2), probs_samples=probs)
+    prediction = ClassificationPrediction.from_probs(torch.zeros(5, 2), probs)
     torch.testing.assert_close(prediction.mutual_information, torch.zeros(2), atol=1e-6, rtol=0)
     torch.testing.assert_close(prediction.entropy, prediction.expected_entropy)
 
 
 def test_mutual_information_is_log_2_for_two_confident_disagreeing_samples():
     probs = torch.tensor([[[1.0, 0.0]], [[0.0, 1.0]]])  # (S=2, B=1, C=2)
-    prediction = ClassificationPrediction(samples=torch.tensor([[0], [1]]), probs_samples=probs)
+    prediction = ClassificationPrediction.from_probs(torch.tensor([[0], [1]]), probs)
     assert prediction.entropy.item() == pytest.approx(math.log(2))
     assert prediction.expected_entropy.item() == pytest.approx(0.0)
     assert prediction.mutual_information.item() == pytest.approx(math.log(2))
@@ -206,9 +207,7 @@ def test_mutual_information_is_log_2_for_two_confident_disagreeing_samples():
 
 def test_binary_predictions_use_the_bernoulli_entropy():
     probs = torch.tensor([[1.0, 0.9, 0.5], [0.0, 0.9, 0.5]])  # (S=2, B=3) of p(y=1)
-    prediction = ClassificationPrediction(
-        samples=(probs > 0.5).long(), probs_samples=probs, binary=True
-    )
+    prediction = ClassificationPrediction.from_probs((probs > 0.5).long(), probs, binary=True)
     two_class = torch.stack((1 - probs, probs), dim=-1).double().numpy()
     mean = two_class.mean(0)
     np.testing.assert_allclose(prediction.entropy.numpy(), _entropy(mean), rtol=1e-6)
@@ -222,10 +221,37 @@ def test_binary_predictions_use_the_bernoulli_entropy():
 
 def test_classification_log_likelihood_is_the_mean_log_probability_of_the_labels():
     probs = torch.tensor([[[0.7, 0.3], [0.4, 0.6]], [[0.5, 0.5], [0.2, 0.8]]])
-    prediction = ClassificationPrediction(samples=torch.zeros(2, 2), probs_samples=probs)
+    prediction = ClassificationPrediction.from_probs(torch.zeros(2, 2), probs)
     y = torch.tensor([0, 1])
     expected = (math.log(0.6) + math.log(0.7)) / 2
     assert prediction.log_likelihood(y) == pytest.approx(expected, rel=1e-5)
+
+
+def test_classification_log_likelihood_counts_a_confident_error_in_full():
+    # Every sample puts the true class 0 at e^-200 below class 1: 0 as a float32 probability,
+    # and 27.6 nats if probabilities had been clamped at 1e-12 before the log.
+    logits = torch.tensor([[[0.0, 200.0]], [[0.0, 201.0]]])  # (S=2, B=1, C=2)
+    prediction = ClassificationPrediction(samples=torch.ones(2, 1), logits_samples=logits)
+    y = torch.tensor([0])
+    expected = math.log((math.exp(-200.0) + math.exp(-201.0)) / 2)
+    assert prediction.log_likelihood(y) == pytest.approx(expected, rel=1e-6)
+    assert metrics.nll(prediction.log_probs, y) == pytest.approx(-expected, rel=1e-6)
+    binary = ClassificationPrediction(
+        samples=torch.ones(2, 1), logits_samples=torch.tensor([[200.0], [201.0]]), binary=True
+    )
+    assert binary.log_likelihood(y) == pytest.approx(expected, rel=1e-6)
+    assert metrics.nll(binary.log_probs, y) == pytest.approx(-expected, rel=1e-6)
+
+
+def test_log_probs_is_the_log_of_the_mean_probabilities():
+    logits = torch.randn(7, 5, 3, dtype=torch.float64)
+    prediction = ClassificationPrediction(samples=torch.zeros(7, 5), logits_samples=logits)
+    torch.testing.assert_close(prediction.log_probs, prediction.probs.log())
+    binary = ClassificationPrediction(
+        samples=torch.zeros(7, 5), logits_samples=logits[..., 0], binary=True
+    )
+    p = binary.probs
+    torch.testing.assert_close(binary.log_probs, torch.stack([1 - p, p], -1).log())
 
 
 # --- predict() on a trained network ------------------------------------------------------------
@@ -356,7 +382,7 @@ def test_predict_rejects_batch_size_that_is_not_a_positive_int(trained, batch_si
 def test_multi_label_log_likelihood_treats_the_labels_of_a_point_jointly_per_sample():
     # two samples that agree with each other label-wise on average but never jointly
     probs = torch.tensor([[[1 - 1e-9, 1e-9]], [[1e-9, 1 - 1e-9]]], dtype=torch.float64)
-    pred = ClassificationPrediction(samples=torch.zeros(2, 1, 2), probs_samples=probs, binary=True)
+    pred = ClassificationPrediction.from_probs(torch.zeros(2, 1, 2), probs, binary=True)
     # labels (1, 1): each sample gives it probability ~0, so the mixture does too
     assert pred.log_likelihood(torch.tensor([[1.0, 1.0]])) < -15
     # averaging the probabilities first would have claimed 0.5 * 0.5

@@ -12,6 +12,7 @@ from pyro_bbb.infer import (
     LinearWarmup,
     SigmoidWarmup,
     as_schedule,
+    delayed_warmup,
 )
 
 
@@ -20,6 +21,8 @@ def test_schedules_follow_their_formulas():
     linear = LinearWarmup(10)
     assert [linear(t) for t in (0, 2.5, 10, 50)] == [0.0, 0.25, 1.0, 1.0]
     assert LinearWarmup(4, start=0.5, end=1.0)(2) == 0.75
+    delayed = LinearWarmup(10, delay=20)
+    assert [delayed(t) for t in (0, 19.9, 20, 25, 30, 99)] == [0.0, 0.0, 0.0, 0.5, 1.0, 1.0]
     sigmoid = SigmoidWarmup(midpoint=20, steepness=0.5)
     assert sigmoid(20) == 0.5
     assert sigmoid(30) == pytest.approx(1 / (1 + math.exp(-5)))
@@ -34,6 +37,7 @@ def test_schedules_follow_their_formulas():
     [
         (lambda: ConstantBeta(-0.1), "beta"),
         (lambda: LinearWarmup(0), "warmup"),
+        (lambda: LinearWarmup(5, delay=-1), "delay"),
         (lambda: SigmoidWarmup(3, steepness=0), "steepness"),
         (lambda: CyclicalAnnealing(0), "cycle_length"),
         (lambda: CyclicalAnnealing(5, ratio=1.5), "ratio"),
@@ -43,3 +47,10 @@ def test_schedules_follow_their_formulas():
 def test_schedules_reject_invalid_parameters_naming_them(make, argument):
     with pytest.raises((ValueError, TypeError), match=argument):
         make()
+
+
+def test_delayed_warmup_holds_beta_at_zero_for_a_quarter_and_reaches_one_at_half_way():
+    schedule = delayed_warmup(400)
+    assert [schedule(t) for t in (0, 99, 100, 150, 200, 399)] == [0, 0, 0, 0.5, 1, 1]
+    with pytest.raises(ValueError, match="hold"):
+        delayed_warmup(100, hold=0.8, ramp=0.5)

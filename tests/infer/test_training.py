@@ -6,8 +6,10 @@ import copy
 import math
 
 import pyro
+import pyro.distributions as dist
 import pytest
 import torch
+from pyro.nn import PyroModule
 from torch.utils.data import DataLoader, TensorDataset
 
 from pyro_bbb import BNN, Callback, History, MeanFieldGuide, fit, likelihoods, mlp, predict
@@ -83,6 +85,15 @@ def test_history_loss_is_nll_plus_beta_kl_and_per_datum_divides_by_num_data():
         assert kl > 0
 
 
+def test_fit_fits_the_likelihood_first_by_default():
+    # beta = 0 for the first quarter of the epochs, linear to 1 by half-way, then 1
+    x, y = _data()
+    model, guide = _setup()
+    history = fit(model, guide, x, y, epochs=8, progress=False)
+    assert history.beta == [0.0, 0.0, 0.0, 0.5, 1.0, 1.0, 1.0, 1.0]
+    assert history.plain_loss == [n + k for n, k in zip(history.nll, history.kl, strict=True)]
+
+
 def test_history_beta_is_the_schedule_averaged_over_the_epochs_steps():
     x, y = _data()
     model, guide = _setup()
@@ -100,7 +111,8 @@ def test_fit_lowers_the_loss_and_trains_the_noise_scale():
     x, y = _data()
     model, guide = _setup()
     history = fit(model, guide, x, y, epochs=100, lr=0.05, progress=False)
-    assert sum(history.loss[-10:]) < 0.7 * sum(history.loss[:10])
+    # the plain ELBO: the annealed loss rises with beta under the default schedule
+    assert sum(history.plain_loss[-10:]) < 0.7 * sum(history.plain_loss[:10])
     # the likelihood's learned scale (initially 1) is among the trained parameters
     assert abs(pyro.param("likelihood.scale").item() - 1.0) > 0.01
 
@@ -419,3 +431,27 @@ def test_fit_and_predict_on_cuda():
     prediction = predict(model, guide, x.cuda(), num_samples=5)
     assert prediction.samples.shape == (5, N)
     assert prediction.loc_samples.device.type == "cuda"
+
+
+class _UnscaledModel(PyroModule):
+    """A BNN whose data plate is sized by the batch: no N/B scaling of the likelihood."""
+
+    def __init__(self, num_data: int) -> None:
+        super().__init__()
+        self.net = mlp([1, 8, 1])
+        self.num_data = num_data
+
+    def forward(self, x, y=None):
+        loc = self.net(x).squeeze(-1)  # the weights are global: drawn outside the plate
+        with pyro.plate("data", x.shape[0]):
+            return pyro.sample("obs", dist.Normal(loc, 0.1), obs=y)
+
+
+def test_fit_refuses_a_model_that_does_not_scale_a_minibatch_by_n_over_b():
+    x, y = _data()
+    model = _UnscaledModel(N)
+    with pytest.raises(ValueError, match=r"'obs'.*scaled by 1 on a minibatch of 8 .* N/B = 2.5"):
+        fit(model, MeanFieldGuide(model), x, y, epochs=1, batch_size=8, progress=False)
+    # full batch needs no scaling
+    history = fit(model, MeanFieldGuide(model), x, y, epochs=1, progress=False)
+    assert len(history) == 1

@@ -1,9 +1,9 @@
-"""What the Gaussian guides of this package share: set-up, medians and quantiles.
+"""What the Gaussian guides of this package share: set-up, marginals, medians and quantiles.
 
 A subclass builds its parameters in :meth:`GaussianGuide._build` from the latent sites and
 their initial means, and says what each site's marginal ``(loc, scale)`` is; this base turns
-that into ``median()`` and ``quantiles()`` and keeps the init options and naming in one
-place. It holds no distribution of its own.
+that into ``marginals()``, ``median()`` and ``quantiles()`` and keeps the init options and
+naming in one place. It holds no distribution of its own.
 """
 
 from __future__ import annotations
@@ -57,6 +57,21 @@ class GaussianGuide(AutoGuide):
     def _marginals(self) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
         """``{site: (loc, scale)}`` of each site's Gaussian marginal, site-shaped."""
         raise NotImplementedError
+
+    @torch.no_grad()
+    def marginals(self, *args, **kwargs) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        """Mean and standard deviation of every site's Gaussian marginal.
+
+        Takes the model's arguments only if the guide has not been called yet.
+
+        Returns:
+            ``{site: (loc, scale)}``, each a detached tensor of the site's shape.
+        """
+        self._require_setup(*args, **kwargs)
+        return {
+            site: (loc.detach().clone(), scale.detach().clone())
+            for site, (loc, scale) in self._marginals().items()
+        }
 
     @torch.no_grad()
     def median(self, *args, **kwargs) -> dict[str, torch.Tensor]:

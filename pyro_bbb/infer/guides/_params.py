@@ -1,12 +1,16 @@
-"""Fast access to the real-valued parameters of a guide, one ``pyro.param`` statement each.
+"""A guide's parameters: created with a check against Pyro's param store, read fast.
 
-Reading ``guide.locs.fc1.weight`` walks one ``PyroModule.__getattr__`` per name component
-and then issues the ``pyro.param`` statement; on a small network that walk costs more than
-the arithmetic of the guide. :class:`ParamRef` resolves the path once and afterwards issues
-the ``pyro.param`` statement directly, which is all the walk amounts to while the module and
-Pyro's param store hold the same tensor. When they do not (the store was cleared or loaded,
-or module-local params are enabled) it takes the module's own path, which re-synchronises
-them, so the semantics are PyroModule's.
+:func:`set_param` creates a guide parameter after checking that Pyro's global param store
+does not already hold one of that name with another shape (a second model in one session),
+which would otherwise be silently reused and fail deep inside torch.
+
+:class:`ParamRef` reads one fast. Reading ``guide.locs.fc1.weight`` walks one
+``PyroModule.__getattr__`` per name component and then issues the ``pyro.param`` statement;
+on a small network that walk costs more than the arithmetic of the guide. ``ParamRef``
+resolves the path once and afterwards issues the ``pyro.param`` statement directly, which is
+all the walk amounts to while the module and Pyro's param store hold the same tensor. When
+they do not (the store was cleared or loaded, or module-local params are enabled) it takes
+the module's own path, which re-synchronises them, so the semantics are PyroModule's.
 """
 
 from __future__ import annotations
@@ -15,10 +19,44 @@ from operator import attrgetter
 
 import pyro
 import torch
-from pyro.nn import PyroModule
+from pyro.infer.autoguide.utils import deep_setattr
+from pyro.nn import PyroModule, PyroParam
 from pyro.nn.module import _is_module_local_param_enabled
 
-__all__ = ["ParamRef"]
+__all__ = ["ParamRef", "set_param"]
+
+
+def set_param(root: PyroModule, path: str, value: torch.Tensor, *, site: str) -> None:
+    """Create the guide parameter ``root.<path>`` with initial ``value``.
+
+    Pyro's param store is global and returns a stored value in place of the initial one, so
+    a parameter of the same name left by an earlier guide would be reused. With the same
+    shape that is Pyro's documented sharing; with another shape it would fail later inside
+    torch, far from the cause, so it is refused here.
+
+    Args:
+        root: The guide's ``PyroModule`` holding parameters of this kind (``guide.locs``).
+        path: Dotted path below ``root`` (a site or block name).
+        value: Initial value.
+        site: The model site (or block) the parameter belongs to, for the error message.
+
+    Raises:
+        ValueError: If the param store holds ``<root name>.<path>`` with another shape.
+    """
+    name = root.__dict__.get("_pyro_name")
+    if name is not None and not _is_module_local_param_enabled():
+        fullname = f"{name}.{path}" if name else path
+        store = pyro.get_param_store()
+        if fullname in store and store[fullname].shape != value.shape:
+            guide = name.rpartition(".")[0] or name
+            raise ValueError(
+                f"Pyro's param store already holds {fullname!r} with shape "
+                f"{tuple(store[fullname].shape)}, but site {site!r} of this model needs "
+                f"{tuple(value.shape)}: it was left by an earlier guide of the same name "
+                "(another model in this session). Call pyro.clear_param_store() before "
+                f"building this guide, or give it its own name, e.g. name='{guide}2'."
+            )
+    deep_setattr(root, path, PyroParam(value))
 
 
 class ParamRef:

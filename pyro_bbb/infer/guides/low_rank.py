@@ -24,13 +24,13 @@ import pyro
 import pyro.distributions as dist
 import torch
 import torch.nn.functional as F
-from pyro.infer.autoguide.utils import deep_setattr
-from pyro.nn import PyroModule, PyroParam
+from pyro.nn import PyroModule
 
 from ..._validation import check_choice, check_int
 from ..sites import BLOCK_KEY, JOINT_KEY
 from ._base import GaussianGuide
 from ._init import InitLoc, check_init_scale
+from ._params import set_param
 
 __all__ = ["LowRankGuide", "LowRankMultivariateNormal"]
 
@@ -153,13 +153,10 @@ class LowRankGuide(GaussianGuide):
             self._blocks.append(block)
             loc = torch.cat([locs[s].reshape(-1) for s in names])
             factor_scale = 0.5 * self.init_scale / math.sqrt(max(self.rank, 1))
-            deep_setattr(self.locs, key, PyroParam(loc))
-            deep_setattr(self.rhos, key, PyroParam(torch.full_like(loc, self.init_rho)))
-            deep_setattr(
-                self.factors,
-                key,
-                PyroParam(factor_scale * torch.randn(start, self.rank, dtype=loc.dtype).to(loc)),
-            )
+            factor = factor_scale * torch.randn(start, self.rank, dtype=loc.dtype).to(loc)
+            set_param(self.locs, key, loc, site=key)
+            set_param(self.rhos, key, torch.full_like(loc, self.init_rho), site=key)
+            set_param(self.factors, key, factor, site=key)
 
     # -- the distribution of a block
     def block_distribution(self, block: _Block | str) -> dist.TorchDistribution:

@@ -15,12 +15,12 @@ import pyro
 import pyro.distributions as dist
 import torch
 import torch.nn.functional as F
-from pyro.infer.autoguide.utils import deep_setattr
-from pyro.nn import PyroModule, PyroParam
+from pyro.nn import PyroModule
 
 from ._base import GaussianGuide
 from ._init import InitLoc, check_init_scale
 from ._params import ParamRef as _ParamRef
+from ._params import set_param
 
 __all__ = ["MeanFieldGuide"]
 
@@ -75,8 +75,8 @@ class MeanFieldGuide(GaussianGuide):
         self.locs = PyroModule()
         self.rhos = PyroModule()
         for name, loc in locs.items():
-            deep_setattr(self.locs, name, PyroParam(loc))
-            deep_setattr(self.rhos, name, PyroParam(torch.full_like(loc, self.init_rho)))
+            set_param(self.locs, name, loc, site=name)
+            set_param(self.rhos, name, torch.full_like(loc, self.init_rho), site=name)
         self._params = {
             name: (_ParamRef(self.locs, name), _ParamRef(self.rhos, name)) for name in locs
         }
