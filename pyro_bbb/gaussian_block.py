@@ -98,6 +98,17 @@ class GaussianBlock:
     def __getstate__(self) -> dict:
         return {**self.__dict__, "_cache": {}}  # moved copies are rebuilt where unpickled
 
+    def site_marginal(self, site: str) -> tuple[torch.Tensor, torch.Tensor]:
+        r"""Mean and std of each value of ``site`` under the joint, each in the site's shape.
+
+        The marginal of one value :math:`i` is
+        :math:`\mathcal{N}(\mu_i, D_{ii} + \sum_k V_{ik}^2)`.
+        """
+        part = self._slices[site]
+        variance = self.cov_diag[part] + self.cov_factor[part].square().sum(-1)
+        shape = self.sites[site]
+        return self.loc[part].reshape(shape), variance.sqrt().reshape(shape)
+
     def site_loc(self, site: str) -> torch.Tensor:
         """The marginal mean of one site, in the site's shape."""
         return self.loc[self._slices[site]].reshape(self.sites[site])

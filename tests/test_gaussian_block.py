@@ -89,6 +89,16 @@ def test_joint_of_a_subset_in_any_order_is_the_dense_marginal():
     assert torch.allclose(joint.log_prob(x), marginal.log_prob(x), atol=1e-10)
 
 
+def test_each_sites_marginals_are_the_dense_joints_means_and_standard_deviations():
+    block, dense = random_block(seed=3)
+    for site in SITES:
+        loc, scale = block.site_marginal(site)
+        index = slices([site])
+        assert loc.shape == scale.shape == torch.Size(SITES[site])
+        assert torch.allclose(loc.reshape(-1), dense.loc[index])
+        assert torch.allclose(scale.reshape(-1), dense.covariance_matrix.diagonal()[index].sqrt())
+
+
 def test_drawing_site_by_site_reproduces_the_joint_covariance():
     block, dense = random_block(seed=3)
     torch.manual_seed(0)

@@ -41,6 +41,7 @@ import torch
 from pyro.infer.autoguide import AutoNormal
 from torch.distributions import Independent, Normal
 
+from ..gaussian_block import SiteConditional
 from .guides._base import GaussianGuide
 from .predictive import RegressionPrediction, predict
 from .sites import is_real_valued
@@ -114,16 +115,33 @@ def _priors(model, *data: torch.Tensor) -> dict[str, dict]:
     }
 
 
-def _elementwise_kl(loc, scale, prior) -> torch.Tensor:
-    """KL of ``N(loc, scale²)`` to the prior, per element; Monte Carlo if no closed form."""
+def _gaussian_marginals(prior, shape: torch.Size) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Each value's marginal ``(loc, scale)`` under a Gaussian prior, or ``None``.
+
+    A site of a carried joint block (:func:`~pyro_bbb.priors.from_guide` of a low-rank guide)
+    is conditioned on the block's earlier sites; its values' marginals come from the block.
+    """
     base = prior
     while isinstance(base, Independent):
         base = base.base_dist
     if type(base) in (Normal, dist.Normal):
-        p_loc = base.loc.expand(loc.shape)
-        p_scale = base.scale.expand(loc.shape)
+        return base.loc.expand(shape), base.scale.expand(shape)
+    if isinstance(base, SiteConditional):
+        loc, scale = base.block.site_marginal(base.site)
+        return loc.to(base.base.loc), scale.to(base.base.loc)
+    return None
+
+
+def _elementwise_kl(loc, scale, prior) -> torch.Tensor:
+    """KL of ``N(loc, scale²)`` to the prior's marginals, per element; else Monte Carlo."""
+    marginal = _gaussian_marginals(prior, loc.shape)
+    if marginal is not None:
+        p_loc, p_scale = marginal
         ratio = scale / p_scale
         return 0.5 * (ratio.square() + ((loc - p_loc) / p_scale).square() - 1) - ratio.log()
+    base = prior
+    while isinstance(base, Independent):
+        base = base.base_dist
     q = dist.Normal(loc, scale)
     draws = q.sample((_MC_DRAWS,))
     return (q.log_prob(draws) - base.expand(loc.shape).log_prob(draws)).mean(0)
