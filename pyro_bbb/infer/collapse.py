@@ -39,7 +39,7 @@ import pyro.distributions as dist
 import pyro.poutine as poutine
 import torch
 from pyro.infer.autoguide import AutoNormal
-from torch.distributions import Independent, Normal
+from torch.distributions import Independent, Normal, kl_divergence
 
 from ..gaussian_block import SiteConditional
 from .guides._base import GaussianGuide
@@ -115,15 +115,20 @@ def _priors(model, *data: torch.Tensor) -> dict[str, dict]:
     }
 
 
+def _unwrapped(prior):
+    """The distribution under any ``Independent`` wrappers."""
+    while isinstance(prior, Independent):
+        prior = prior.base_dist
+    return prior
+
+
 def _gaussian_marginals(prior, shape: torch.Size) -> tuple[torch.Tensor, torch.Tensor] | None:
     """Each value's marginal ``(loc, scale)`` under a Gaussian prior, or ``None``.
 
     A site of a carried joint block (:func:`~pyro_bbb.priors.from_guide` of a low-rank guide)
     is conditioned on the block's earlier sites; its values' marginals come from the block.
     """
-    base = prior
-    while isinstance(base, Independent):
-        base = base.base_dist
+    base = _unwrapped(prior)
     if type(base) in (Normal, dist.Normal):
         return base.loc.expand(shape), base.scale.expand(shape)
     if isinstance(base, SiteConditional):
@@ -132,19 +137,21 @@ def _gaussian_marginals(prior, shape: torch.Size) -> tuple[torch.Tensor, torch.T
     return None
 
 
+def _gaussian_kl(loc, scale, p_loc, p_scale) -> torch.Tensor:
+    """KL of ``N(loc, scale²)`` to ``N(p_loc, p_scale²)``, per element (torch's rule)."""
+    return kl_divergence(
+        Normal(loc, scale, validate_args=False), Normal(p_loc, p_scale, validate_args=False)
+    )
+
+
 def _elementwise_kl(loc, scale, prior) -> torch.Tensor:
     """KL of ``N(loc, scale²)`` to the prior's marginals, per element; else Monte Carlo."""
     marginal = _gaussian_marginals(prior, loc.shape)
     if marginal is not None:
-        p_loc, p_scale = marginal
-        ratio = scale / p_scale
-        return 0.5 * (ratio.square() + ((loc - p_loc) / p_scale).square() - 1) - ratio.log()
-    base = prior
-    while isinstance(base, Independent):
-        base = base.base_dist
+        return _gaussian_kl(loc, scale, *marginal)
     q = dist.Normal(loc, scale)
     draws = q.sample((_MC_DRAWS,))
-    return (q.log_prob(draws) - base.expand(loc.shape).log_prob(draws)).mean(0)
+    return (q.log_prob(draws) - _unwrapped(prior).expand(loc.shape).log_prob(draws)).mean(0)
 
 
 @torch.no_grad()
@@ -227,18 +234,11 @@ class CollapseMonitor:
             return None
         locs, scales = [], []
         for name in self._names:
-            base = self._sites[name]["fn"]
-            while isinstance(base, Independent):
-                base = base.base_dist
-            if (
-                type(base) not in (Normal, dist.Normal)
-                or base.loc.requires_grad
-                or (base.scale.requires_grad)
-            ):
+            prior = _gaussian_marginals(self._sites[name]["fn"], marginals[name][0].shape)
+            if prior is None or prior[0].requires_grad or prior[1].requires_grad:
                 return None
-            shape = marginals[name][0].shape
-            locs.append(base.loc.expand(shape).reshape(-1))
-            scales.append(base.scale.expand(shape).reshape(-1))
+            locs.append(prior[0].reshape(-1))
+            scales.append(prior[1].reshape(-1))
         return torch.cat(locs), torch.cat(scales)
 
     @torch.no_grad()
@@ -257,9 +257,7 @@ class CollapseMonitor:
             )
         loc = torch.cat([marginals[name][0].reshape(-1) for name in self._names])
         scale = torch.cat([marginals[name][1].reshape(-1) for name in self._names])
-        p_loc, p_scale = self._flat_prior
-        ratio = scale / p_scale
-        kl = 0.5 * (ratio.square() + ((loc - p_loc) / p_scale).square() - 1) - ratio.log()
+        kl = _gaussian_kl(loc, scale, *self._flat_prior)
         return (kl < KL_THRESHOLD).double().mean().item()
 
 
