@@ -48,6 +48,16 @@ def _set_marginals(guide, loc, scale):
                 value.fill_(rho)
 
 
+def _at_prior(**guide_options):
+    """80 sine points, a 1-50-50-1 net, and a mean-field guide with every weight at N(0, 1)."""
+    x, y = _sine(n=80)
+    model = _model(sizes=(1, 50, 50, 1), n=80)
+    guide = bbb.MeanFieldGuide(model, **guide_options)
+    guide(x, y)
+    _set_marginals(guide, 0.0, 1.0)
+    return x, y, model, guide
+
+
 # --- weight_kl ---------------------------------------------------------------------------------
 
 
@@ -137,11 +147,7 @@ def test_neighbour_residual_of_labels_is_the_leave_one_out_error_rate():
 
 
 def test_a_posterior_at_its_prior_on_data_with_structure_is_diagnosed_as_collapsed():
-    x, y = _sine(n=80)
-    model = _model(sizes=(1, 50, 50, 1), n=80)
-    guide = bbb.MeanFieldGuide(model)
-    guide(x, y)
-    _set_marginals(guide, 0.0, 1.0)
+    x, y, model, guide = _at_prior()
     diagnosis = diagnose_collapse(model, guide, x, y)
     assert diagnosis.collapsed_fraction == 1.0
     assert diagnosis.reference < 0.2 < 0.5 * diagnosis.baseline < diagnosis.residual
@@ -169,11 +175,7 @@ def test_collapse_needs_weights_at_the_prior_and_structure_left_unexplained(
 
 
 def test_fit_warns_when_it_ends_at_the_prior_and_records_the_fraction_per_epoch():
-    x, y = _sine(n=80)
-    model = _model(sizes=(1, 50, 50, 1), n=80)
-    guide = bbb.MeanFieldGuide(model, init_scale=1.0)
-    guide(x, y)
-    _set_marginals(guide, 0.0, 1.0)
+    x, y, model, guide = _at_prior(init_scale=1.0)
     with pytest.warns(bbb.PosteriorCollapseWarning, match=r"posterior collapse: \d+% of"):
         history = bbb.fit(model, guide, x, y, epochs=3, lr=1e-4, progress=False)
     assert len(history.collapsed) == 3 and all(f > 0.9 for f in history.collapsed)
@@ -207,11 +209,7 @@ def test_the_diagnosis_leaves_every_random_state_as_it_was():
 
     import numpy as np
 
-    x, y = _sine(n=80)
-    model = _model(sizes=(1, 50, 50, 1), n=80)
-    guide = bbb.MeanFieldGuide(model)
-    guide(x, y)
-    _set_marginals(guide, 0.0, 1.0)
+    x, y, model, guide = _at_prior()
     pyro.set_rng_seed(5)
     expected = (torch.rand(3), random.random(), np.random.rand())
     pyro.set_rng_seed(5)
