@@ -42,6 +42,7 @@ from pyro.infer.autoguide import AutoNormal
 from torch.distributions import Independent, Normal, kl_divergence
 
 from ..gaussian_block import SiteConditional
+from .devices import cuda_devices
 from .guides._base import GaussianGuide
 from .predictive import RegressionPrediction, predict
 from .sites import is_real_valued
@@ -91,9 +92,8 @@ def _marginals(guide) -> dict[str, tuple[torch.Tensor, torch.Tensor]] | None:
 @contextmanager
 def _random_state_kept(*tensors: torch.Tensor) -> Iterator[None]:
     """Restore every random state Pyro seeds (torch, CUDA, Python, NumPy) on leaving."""
-    devices = sorted({t.device for t in tensors if t.device.type == "cuda"}, key=str)
     state = pyro.util.get_rng_state()
-    with torch.random.fork_rng(devices=devices):
+    with torch.random.fork_rng(devices=cuda_devices(*tensors)):
         try:
             yield
         finally:

@@ -29,6 +29,7 @@ from .._validation import (
     check_has_values,
     check_same_rows,
 )
+from .devices import cuda_devices
 
 __all__ = ["Batches", "check_likelihood_scale", "epoch_order", "make_batches"]
 
@@ -259,8 +260,7 @@ def check_likelihood_scale(
     if size == num_data:
         return
     expected = num_data / size
-    cuda = sorted({t.device for t in batch if t.device.type == "cuda"}, key=str)
-    with torch.random.fork_rng(devices=cuda), torch.no_grad(), poutine.block():
+    with torch.random.fork_rng(devices=cuda_devices(*batch)), torch.no_grad(), poutine.block():
         trace = poutine.trace(model).get_trace(*batch)
     for name, site in trace.nodes.items():
         if site["type"] != "sample" or not site["is_observed"] or site_is_subsample(site):

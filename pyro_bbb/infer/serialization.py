@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from ..nn import initial_values
+from .devices import cuda_devices, device_of
 from .files import MODEL, read_file, write_atomic
 
 __all__ = ["load", "save"]
@@ -82,7 +83,7 @@ def load(path: PathLike, model: Any, guide: Any) -> None:
     payload = read_file(path, argument="path")
     where = f"path={os.fspath(path)!r}"
     _check_sites(payload["sites"], _layer_sites(model), where, complete=False)
-    args, kwargs = _rebuild_inputs(payload["inputs"], _device_of(model, guide))
+    args, kwargs = _rebuild_inputs(payload["inputs"], device_of(model, guide))
     try:
         named = trace_params(model, guide, args, kwargs)
     except (RuntimeError, ValueError) as error:
@@ -102,7 +103,7 @@ def trace_params(model, guide, args: tuple, kwargs: dict) -> dict[str, torch.Ten
     forked random state, so it draws nothing from the caller's streams.
     """
     with (
-        torch.random.fork_rng(devices=_cuda_devices(model, guide)),
+        torch.random.fork_rng(devices=cuda_devices(model, guide)),
         torch.no_grad(),
         poutine.trace(param_only=True) as capture,
     ):
@@ -299,25 +300,3 @@ def _rebuild_inputs(spec: Mapping, device: torch.device) -> tuple[tuple, dict]:
 
 def _shapes_of(args: tuple) -> list:
     return [tuple(a.shape) if isinstance(a, torch.Tensor) else a for a in args]
-
-
-def _device_of(*modules) -> torch.device:
-    for module in modules:
-        device = getattr(module, "device", None)
-        if isinstance(device, torch.device):
-            return device
-        if isinstance(module, nn.Module):
-            for tensor in (*module.parameters(), *module.buffers()):
-                return tensor.device
-    return torch.device("cpu")
-
-
-def _cuda_devices(*modules) -> list[torch.device]:
-    devices = {
-        t.device
-        for module in modules
-        if isinstance(module, nn.Module)
-        for t in (*module.parameters(), *module.buffers())
-        if t.device.type == "cuda"
-    }
-    return sorted(devices, key=lambda d: d.index or 0)

@@ -27,6 +27,7 @@ from .._validation import check_int, check_positive_number
 from .checkpoint import Checkpointing, FitState
 from .collapse import FRACTION_THRESHOLD as COLLAPSE_FRACTION
 from .collapse import CollapseMonitor, diagnose_collapse, warn_if_collapsed
+from .devices import cuda_devices, device_of
 from .distributed import data_parallel
 from .elbo import AnnealedELBO, ELBOTerms
 from .history import History
@@ -177,7 +178,7 @@ def fit(
     if device is not None:
         _move(model, device)
         _move(guide, device)
-    data_device = device if device is not None else _device_of(model)
+    data_device = device if device is not None else device_of(model)
     seed = parallel.shared_seed(seed, data_device)
     if seed is not None:
         pyro.set_rng_seed(seed)
@@ -192,7 +193,7 @@ def fit(
     # Find the parameters (creating the guide's) without using up random numbers: the first
     # step then draws what SVI's first step would draw from the same seed.
     with (
-        torch.random.fork_rng(devices=_cuda_devices(model, guide)),
+        torch.random.fork_rng(devices=cuda_devices(model, guide)),
         handler(),
         poutine.trace(param_only=True) as capture,
         torch.no_grad(),
@@ -277,27 +278,6 @@ def fit(
 def _move(module: object, device: torch.device) -> None:
     if isinstance(module, torch.nn.Module):
         module.to(device)
-
-
-def _device_of(model: object) -> torch.device:
-    device = getattr(model, "device", None)
-    if isinstance(device, torch.device):
-        return device
-    if isinstance(model, torch.nn.Module):
-        for tensor in (*model.parameters(), *model.buffers()):
-            return tensor.device
-    return torch.device("cpu")
-
-
-def _cuda_devices(*modules: object) -> list[torch.device]:
-    devices = {
-        t.device
-        for module in modules
-        if isinstance(module, torch.nn.Module)
-        for t in (*module.parameters(), *module.buffers())
-        if t.device.type == "cuda"
-    }
-    return sorted(devices, key=lambda d: d.index or 0)
 
 
 def _unique(tensors: Iterable[torch.Tensor]) -> list[torch.Tensor]:
