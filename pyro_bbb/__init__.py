@@ -2,7 +2,8 @@
 
 A network becomes a Pyro model whose weights are sample sites (:func:`bayesianize`,
 :func:`mlp`, :class:`BNN`); a guide approximates their posterior (:class:`MeanFieldGuide`,
-:class:`LowRankGuide` or any Pyro autoguide); :func:`fit` maximises a β-annealed ELBO;
+:class:`LowRankGuide` or any Pyro autoguide; :class:`DeltaGuide` for the point estimate;
+an :class:`Ensemble` of any of them, trained as one); :func:`fit` maximises a β-annealed ELBO;
 :func:`predict` returns calibrated predictive uncertainty; :func:`local_reparameterization`
 and :func:`flipout` lower the gradient variance; :func:`run_nuts` samples the same model
 with NUTS, :func:`to_inference_data` exports VI and NUTS to ArviZ, :func:`psis_khat`
@@ -25,6 +26,8 @@ from .evaluation import Comparison, compare, psis_khat, to_inference_data
 from .infer import (
     Callback,
     ClassificationPrediction,
+    DeltaGuide,
+    Ensemble,
     History,
     LowRankGuide,
     MeanFieldGuide,
@@ -51,6 +54,8 @@ __all__ = [
     "Callback",
     "ClassificationPrediction",
     "Comparison",
+    "DeltaGuide",
+    "Ensemble",
     "History",
     "LowRankGuide",
     "MeanFieldGuide",

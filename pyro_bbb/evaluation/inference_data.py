@@ -22,7 +22,9 @@ import torch
 from pyro.poutine.util import site_is_subsample
 
 from .._validation import check_int
+from ..infer import Ensemble
 from ..infer.mcmc import NUTSResult, replay_nuts
+from ..infer.sites import model_in_plates
 
 if TYPE_CHECKING:
     import arviz as az
@@ -42,18 +44,34 @@ class Draws:
         obs_fn: The observation site's distribution under every draw, batch shape
             ``(num_chains * num_draws, batch)``.
         log_prior: :math:`\log p(w)` per draw, ``(num_chains, num_draws)``.
-        log_q: :math:`\log q(w)` per draw for a guide, else ``None``.
+        log_q: :math:`\log q(w)` per draw for a guide, else ``None`` (for an ensemble, the
+            density of the mixture of its members).
+        draws_first: Whether ``obs_fn``'s batch runs over ``(draws, chains)`` (an ensemble)
+            rather than ``(chains · draws)``.
     """
 
     values: dict[str, torch.Tensor]
     obs_fn: dist.TorchDistribution
     log_prior: torch.Tensor
     log_q: torch.Tensor | None
+    draws_first: bool = False
 
     @property
     def shape(self) -> tuple[int, int]:
         """``(num_chains, num_draws)``."""
         return tuple(self.log_prior.shape)
+
+    def per_chain(self, t: torch.Tensor, event_dims: int = 0) -> torch.Tensor:
+        """A tensor whose leading dims run over every draw, as ``(chains, draws, ...)``.
+
+        Draws come chain-major, or draw-major (``draws_first``: an ensemble's draws of each
+        member, ``(draws, members, ...)``).
+        """
+        chains, draws = self.shape
+        rest = t.shape[t.dim() - event_dims :] if event_dims else ()
+        if self.draws_first:
+            return t.reshape(draws, chains, *rest).transpose(0, 1)
+        return t.reshape(chains, draws, *rest)
 
     def pointwise_log_likelihood(self, y: torch.Tensor) -> torch.Tensor:
         r""":math:`\log p(y_i \mid w_s)` per draw and point, ``(num_chains, num_draws, batch)``."""
@@ -61,7 +79,7 @@ class Draws:
         if isinstance(self.obs_fn, dist.Categorical):
             y = y.long()
         log_p = self.obs_fn.log_prob(y)
-        return log_p.reshape(*self.shape, -1)
+        return self.per_chain(log_p, 1)
 
 
 @torch.no_grad()
@@ -82,13 +100,15 @@ def posterior_draws(
         posterior: A trained guide or a :class:`~pyro_bbb.infer.mcmc.NUTSResult`.
         x: Inputs ``(batch, *features)``.
         y: Targets, or ``None``; only passed on to the model (which checks them).
-        num_samples: ``S`` for a guide; a NUTS result uses all its draws.
+        num_samples: ``S`` for a guide (of each member, for an ensemble); a NUTS result uses
+            all its draws.
 
     Returns:
-        :class:`Draws` with one chain for a guide, the result's chains for NUTS.
+        :class:`Draws` with one chain for a guide, one per member for an
+        :class:`~pyro_bbb.infer.Ensemble`, the result's chains for NUTS.
     """
-    nesting = getattr(model, "max_plate_nesting", 1)
     observed = getattr(model, "observation_site", "obs")
+    ensemble = isinstance(posterior, Ensemble)
     if isinstance(posterior, NUTSResult):
         chains, draws = posterior.num_chains, posterior.num_samples
         replayed_model, guide = replay_nuts(model, posterior)
@@ -96,7 +116,12 @@ def posterior_draws(
     else:
         chains, draws = 1, check_int("num_samples", num_samples)
         guide, replayed_model = posterior, model
-    plate = pyro.plate(_DRAWS_PLATE, chains * draws, dim=-(nesting + 1))
+    replayed_model, nesting = model_in_plates(replayed_model, guide)
+    nesting = nesting or 1
+    # an ensemble's members are its chains, drawn by its own plate right of the draws'
+    size = draws if ensemble else chains * draws
+    chains = posterior.num_members if ensemble else chains
+    plate = pyro.plate(_DRAWS_PLATE, size, dim=-(nesting + 1))
     # The model checks y against its likelihood, but refuses more rows than num_data (a
     # minibatch of the training set); a larger test set is run without y and checked here.
     num_data = getattr(model, "num_data", None)
@@ -105,7 +130,10 @@ def posterior_draws(
     model_trace = poutine.trace(poutine.replay(plate(replayed_model), trace=guide_trace)).get_trace(
         x, y_model
     )
-    if not isinstance(posterior, NUTSResult):
+    shaped = Draws({}, None, torch.empty(chains, draws), None, draws_first=ensemble)
+    if ensemble:
+        log_q = shaped.per_chain(posterior.mixture_log_prob(guide_trace))
+    elif not isinstance(posterior, NUTSResult):
         log_q = torch.zeros(chains * draws, dtype=x.dtype, device=x.device)
         for site in guide_trace.nodes.values():
             if site["type"] == "sample" and not site["is_observed"] and not site_is_subsample(site):
@@ -117,7 +145,7 @@ def posterior_draws(
             continue
         value = site["value"]
         event = site["fn"].event_dim
-        values[name] = value.reshape(chains, draws, *value.shape[value.dim() - event :])
+        values[name] = shaped.per_chain(value, event)
         log_prior = log_prior + _per_draw(site["fn"].log_prob(value), chains * draws)
     if isinstance(posterior, NUTSResult) and posterior.noise == "prior":
         values[posterior.noise_site] = posterior.samples[posterior.noise_site]
@@ -125,7 +153,8 @@ def posterior_draws(
     expected = obs_fn.batch_shape[-1:] + obs_fn.event_shape
     if y is not None and y.shape != expected:
         raise ValueError(f"y must have shape {tuple(expected)} for x, got {tuple(y.shape)}")
-    return Draws(values, obs_fn, torch.as_tensor(log_prior).reshape(chains, draws), log_q)
+    log_prior = shaped.per_chain(torch.as_tensor(log_prior))
+    return Draws(values, obs_fn, log_prior, log_q, draws_first=ensemble)
 
 
 def _per_draw(log_prob: torch.Tensor, num: int) -> torch.Tensor:
@@ -163,7 +192,8 @@ def to_inference_data(
 ) -> az.InferenceData:
     r"""ArviZ ``InferenceData`` of a guide or a NUTS result, one schema for both.
 
-    Groups (``C`` chains, ``S`` draws; a guide is one chain of ``num_samples`` draws):
+    Groups (``C`` chains, ``S`` draws; a guide is one chain of ``num_samples`` draws, an
+    :class:`~pyro_bbb.infer.Ensemble` one chain of ``num_samples`` draws per member):
 
     * ``posterior``: every sampled site by its name (``"0.weight"`` ``(C, S, out, in)``
       with dims ``("0.out", "0.in")``; a layer's weight and bias share ``"<layer>.out"``);
@@ -192,12 +222,11 @@ def to_inference_data(
     if seed is not None:
         pyro.set_rng_seed(seed)
     draws = posterior_draws(model, posterior, x, y, num_samples=num_samples)
-    chains, num = draws.shape
     observed = getattr(model, "observation_site", "obs")
     dims = {name: site_dims(name, value.shape[2:]) for name, value in draws.values.items()}
     with torch.no_grad():
         predictive = draws.obs_fn.sample()
-    predictive = predictive.reshape(chains, num, *predictive.shape[predictive.dim() - y.dim() :])
+    predictive = draws.per_chain(predictive, y.dim())
     data_dims = ["data"] + (["obs_dim"] if y.dim() > 1 else [])
     dims[observed] = data_dims
     dims["x"] = ["data"] + [f"x_dim_{i}" for i in range(x.dim() - 1)]

@@ -1,6 +1,8 @@
 """Inference: guides, the annealed ELBO, estimators, training, prediction and NUTS.
 
-* :mod:`~pyro_bbb.infer.guides`: :class:`MeanFieldGuide` and :class:`LowRankGuide`;
+* :mod:`~pyro_bbb.infer.guides`: :class:`MeanFieldGuide`, :class:`LowRankGuide` and
+  :class:`DeltaGuide`; :mod:`~pyro_bbb.infer.ensemble`: an :class:`Ensemble` of ``K`` of
+  them as one guide;
 * :mod:`~pyro_bbb.infer.kl`: closed-form KL rules; :mod:`~pyro_bbb.infer.sites`: the
   annotation keys guides write and the ELBO and estimators read;
 * :mod:`~pyro_bbb.infer.schedules`: β schedules; :mod:`~pyro_bbb.infer.elbo`:
@@ -26,7 +28,8 @@ from .collapse import CollapseDiagnosis, PosteriorCollapseWarning, diagnose_coll
 from .continual import VCL
 from .coresets import select_coreset
 from .elbo import AnnealedELBO, ELBOTerms
-from .guides import LowRankGuide, MeanFieldGuide
+from .ensemble import Ensemble
+from .guides import DeltaGuide, LowRankGuide, MeanFieldGuide
 from .history import History
 from .mcmc import NUTSResult, replay_nuts, run_nuts
 from .predictive import ClassificationPrediction, Prediction, RegressionPrediction, predict
@@ -52,7 +55,9 @@ __all__ = [
     "CollapseDiagnosis",
     "ConstantBeta",
     "CyclicalAnnealing",
+    "DeltaGuide",
     "ELBOTerms",
+    "Ensemble",
     "History",
     "LinearWarmup",
     "LowRankGuide",

@@ -38,7 +38,7 @@ from .._shapes import broadcast_shape, collapse_broadcast
 from .._validation import check_int, check_nonnegative_number
 from ..gaussian_block import SiteConditional
 from .kl import diagonal_normal_kl
-from .sites import JOINT_KEY
+from .sites import JOINT_KEY, model_in_plates
 
 __all__ = ["AnnealedELBO", "ELBOTerms"]
 
@@ -203,7 +203,9 @@ class AnnealedELBO(ELBO):
     where :math:`\mathrm{KL}_k = \mathrm{KL}(q_k \| p_k)` in closed form when registered, else
     :math:`\log q_k(w_s) - \log p_k(w_s)`. With ``num_particles = S > 1`` the particles are
     drawn in one vectorised pass (a ``pyro.plate`` left of the model's plates), never a
-    Python loop. Works with ``pyro.infer.SVI`` and any reparameterised guide, including
+    Python loop. Under an :class:`~pyro_bbb.infer.Ensemble` the model runs inside the
+    members' plate and the estimate is the sum of the members' own. Works with
+    ``pyro.infer.SVI`` and any reparameterised guide, including
     Pyro's autoguides (whose ``Delta`` sites get the Monte Carlo KL).
 
     Args:
@@ -243,9 +245,9 @@ class AnnealedELBO(ELBO):
 
     # -- traces
     def _traces(self, model, guide, args, kwargs):
+        model, declared = model_in_plates(model, guide)  # an ensemble's model: in its plate
         if self.max_plate_nesting == float("inf"):
-            declared = getattr(model, "max_plate_nesting", None)
-            if isinstance(declared, int):
+            if declared is not None:
                 self.max_plate_nesting = declared + (self.num_particles > 1)
             else:
                 self._guess_max_plate_nesting(model, guide, args, kwargs)

@@ -37,6 +37,7 @@ from .._validation import (
     check_tensor,
 )
 from .reparam import estimator
+from .sites import model_in_plates
 
 __all__ = ["ClassificationPrediction", "Prediction", "RegressionPrediction", "predict"]
 
@@ -282,7 +283,9 @@ def predict(
         model: A :class:`~pyro_bbb.BNN`.
         guide: A trained guide for it (any Pyro guide).
         x: Inputs ``(batch, *features)`` on the model's device.
-        num_samples: ``S``, weight samples (30–100 is typical).
+        num_samples: ``S``, weight samples (30–100 is typical); for an
+            :class:`~pyro_bbb.infer.Ensemble`, samples of each member, so the prediction
+            holds ``K·S`` samples, ``S`` of each member: its uniform mixture.
         reparam: ``None``, ``"local"`` or ``"flipout"``: the estimator to predict with. Under
             ``"local"`` each point gets its own weight draw, so samples are not joint
             functions across points; for MLPs the marginal predictive per point is the same,
@@ -303,8 +306,10 @@ def predict(
         check_finite_tensor("x", x)
     if seed is not None:
         pyro.set_rng_seed(seed)
-    nesting = getattr(model, "max_plate_nesting", 1)
-    plate = pyro.plate("predictive_samples", num_samples, dim=-(nesting + 1))
+    observed = getattr(model, "observation_site", "obs")
+    members = getattr(guide, "num_members", 1)
+    model, nesting = model_in_plates(model, guide)
+    plate = pyro.plate("predictive_samples", num_samples, dim=-((nesting or 1) + 1))
     chunks = [x] if batch_size is None else list(torch.split(x, batch_size))
     parts: list[dist.TorchDistribution] = []
     draws: list[torch.Tensor] = []
@@ -312,10 +317,10 @@ def predict(
         guide_trace = poutine.trace(plate(guide)).get_trace(x)
         for chunk in chunks:
             trace = poutine.trace(poutine.replay(plate(model), trace=guide_trace)).get_trace(chunk)
-            site = trace.nodes[getattr(model, "observation_site", "obs")]
+            site = trace.nodes[observed]
             parts.append(site["fn"])
             draws.append(site["value"])
-    return _summarise(parts, draws, num_samples)
+    return _summarise(parts, draws, num_samples * members)
 
 
 def _summarise(parts, draws, num_samples):

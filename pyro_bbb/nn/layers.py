@@ -1,8 +1,9 @@
 """The Bayesian layer: :class:`BayesianAffine`, one class for Linear and Conv2d alike.
 
 This module holds the layer whose weight and bias are Pyro sample sites, the versions of
-4-D-only torch layers (pooling, 2-D normalisation) that accept leading sample dims, and
-:func:`initial_values`, which reads the layers' initial weights. The layer applies its
+4-D-only torch layers (pooling, 2-D normalisation) that accept leading sample dims,
+:func:`initial_values`, which reads the layers' initial weights, and
+:func:`fresh_initial_values`, which draws new ones. The layer applies its
 weights through :func:`~pyro_bbb.nn.affine.bayesian_affine`, the effect that estimators such
 as local reparameterisation intercept. How networks are converted is in
 :mod:`pyro_bbb.nn.builders`. Nothing here knows of guides or training.
@@ -20,7 +21,7 @@ from torch import nn
 from ..priors import PriorSpec
 from .affine import AffineMap, Conv2dMap, bayesian_affine
 
-__all__ = ["BayesianAffine", "fold_sample_dims", "initial_values"]
+__all__ = ["BayesianAffine", "fold_sample_dims", "fresh_initial_values", "initial_values"]
 
 
 class _SitePrior:
@@ -264,4 +265,30 @@ def initial_values(model: nn.Module) -> dict[str, torch.Tensor]:
                 if isinstance(carried, torch.Tensor) and carried.shape == init.shape:
                     init = carried.to(device=init.device, dtype=init.dtype)
                 values[site] = init
+    return values
+
+
+def fresh_initial_values(model: nn.Module) -> dict[str, torch.Tensor]:
+    r"""A new draw of torch's default initialisation of every Bayesian layer parameter.
+
+    ``nn.Linear`` and ``nn.Conv2d`` start their weight and bias from
+    :math:`\mathcal{U}(-1/\sqrt{\text{fan\_in}}, 1/\sqrt{\text{fan\_in}})` (Kaiming-uniform
+    with :math:`a = \sqrt 5` for the weight); this draws that again, from torch's global
+    random state, for every parameter :func:`initial_values` lists. Independently initialised
+    members of an ensemble start here (Lakshminarayanan et al. 2017).
+
+    Args:
+        model: A network from :func:`bayesianize`/:func:`mlp`, or a model containing one.
+
+    Returns:
+        ``{site name: tensor of the parameter's shape}``, on the parameter's device and dtype.
+    """
+    values = {}
+    for module in model.modules():
+        if isinstance(module, BayesianAffine):
+            bound = 1.0 / module.fan_in**0.5
+            for param in module.bayesian_parameters:
+                site = f"{module._pyro_name}.{param}" if module._pyro_name else param
+                init = getattr(module, f"{param}_init")
+                values[site] = torch.empty_like(init).uniform_(-bound, bound)
     return values

@@ -4,6 +4,12 @@ A subclass builds its parameters in :meth:`GaussianGuide._build` from the latent
 their initial means, and says what each site's marginal ``(loc, scale)`` is; this base turns
 that into ``marginals()``, ``median()`` and ``quantiles()`` and keeps the init options and
 naming in one place. It holds no distribution of its own.
+
+**Members.** A guide can hold the ``K`` members of an ensemble
+(:class:`~pyro_bbb.infer.ensemble.Ensemble`) at once: every parameter then carries a leading
+member shape ``(K, 1, ..., 1)`` (the ones stand for the model's plates, so that the sites'
+batch shape fits a plate of members left of them) and the members start from independent
+initial means. A subclass builds its parameters from initial means that carry that shape.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ import pyro.distributions as dist
 import torch
 from pyro.infer.autoguide import AutoGuide
 
+from ...nn import fresh_initial_values
 from ._init import InitLoc, global_latent_sites, initial_locs
 
 __all__ = ["GaussianGuide"]
@@ -45,13 +52,38 @@ class GaussianGuide(AutoGuide):
         if name is not None:
             self._pyro_name = name
 
+    #: ``(K, 1, ..., 1)`` for the members of an ensemble, ``()`` for a single guide.
+    member_shape: tuple[int, ...] = ()
+
     def _setup_prototype(self, *args, **kwargs) -> None:
         super()._setup_prototype(*args, **kwargs)
         sites = global_latent_sites(self.prototype_trace, type(self).__name__, self.model)
-        self._build(sites, initial_locs(self.model, sites, self._init_loc))
+        locs = initial_locs(self.model, sites, self._init_loc)
+        if self.member_shape:
+            locs = self._member_locs(locs)
+        self._build(sites, locs)
+
+    def _member_locs(self, locs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Initial means of ``K`` members, ``{site: (*member_shape, *site shape)}``.
+
+        Member 0 starts where a single guide would; the others from fresh draws of torch's
+        default initialisation of each layer (:func:`~pyro_bbb.nn.fresh_initial_values`).
+        A site outside the Bayesian layers starts at the same value in every member.
+        """
+        count = self.member_shape[0]
+        draws = [locs] + [fresh_initial_values(self.model) for _ in range(count - 1)]
+        return {
+            name: torch.stack([draw.get(name, loc).to(loc) for draw in draws]).reshape(
+                *self.member_shape, *loc.shape
+            )
+            for name, loc in locs.items()
+        }
 
     def _build(self, sites: dict[str, dict], locs: dict[str, torch.Tensor]) -> None:
-        """Create the parameters from the latent sites and their initial means."""
+        """Create the parameters from the latent sites and their initial means.
+
+        Each mean has the site's shape, with :attr:`member_shape` in front.
+        """
         raise NotImplementedError
 
     def _marginals(self) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:

@@ -89,7 +89,8 @@ class LowRankGuide(GaussianGuide):
         \theta_b = \mu_b + D_b^{1/2}\varepsilon_1 + V_b\varepsilon_2
 
     for each block :math:`b`, independent across blocks. Parameters: ``locs.<block>``
-    ``(d,)``, ``rhos.<block>`` ``(d,)`` and ``factors.<block>`` ``(d, rank)``.
+    ``(d,)``, ``rhos.<block>`` ``(d,)`` and ``factors.<block>`` ``(d, rank)`` (with the member
+    shape in front for the members of an :class:`~pyro_bbb.infer.Ensemble`).
 
     Args:
         model: The Pyro model, e.g. a :class:`~pyro_bbb.BNN`.
@@ -137,10 +138,11 @@ class LowRankGuide(GaussianGuide):
             groups.setdefault(key, []).append(site)
         self._blocks = []
         self.locs, self.rhos, self.factors = PyroModule(), PyroModule(), PyroModule()
+        members = self.member_shape
         for key, names in groups.items():
             slices, start = [], 0
             for site in names:
-                shape = locs[site].shape
+                shape = sites[site]["value"].shape
                 slices.append(_Slice(site, start, start + shape.numel(), shape))
                 start += shape.numel()
             if self.rank > start:
@@ -151,9 +153,10 @@ class LowRankGuide(GaussianGuide):
                 )
             block = _Block(key, f"_{self._pyro_name}.{key}", tuple(slices))
             self._blocks.append(block)
-            loc = torch.cat([locs[s].reshape(-1) for s in names])
+            loc = torch.cat([locs[s].reshape(*members, -1) for s in names], -1)
             factor_scale = 0.5 * self.init_scale / math.sqrt(max(self.rank, 1))
-            factor = factor_scale * torch.randn(start, self.rank, dtype=loc.dtype).to(loc)
+            factor = torch.randn(*members, start, self.rank, dtype=loc.dtype).to(loc)
+            factor = factor_scale * factor
             set_param(self.locs, key, loc, site=key)
             set_param(self.rhos, key, torch.full_like(loc, self.init_rho), site=key)
             set_param(self.factors, key, factor, site=key)
@@ -226,10 +229,13 @@ class LowRankGuide(GaussianGuide):
 
     @torch.no_grad()
     def covariance(self, block: str) -> torch.Tensor:
-        r"""Dense covariance :math:`D + VV^\top` of one block, ``(d, d)`` (small blocks only)."""
+        r"""Dense covariance :math:`D + VV^\top` of one block, ``(d, d)`` (small blocks only).
+
+        The members of an ensemble give ``(*member_shape, d, d)``.
+        """
         self._require_setup()
         fn = self.block_distribution(block)
-        return fn.covariance_matrix if self.rank else torch.diag(fn.base_dist.scale.pow(2))
+        return fn.covariance_matrix if self.rank else torch.diag_embed(fn.base_dist.scale.pow(2))
 
     def _marginals(self) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
         result = {}
@@ -239,7 +245,7 @@ class LowRankGuide(GaussianGuide):
             scale = fn.variance.sqrt()
             for piece in block.slices:
                 result[piece.site] = (
-                    loc[piece.start : piece.stop].reshape(piece.shape),
-                    scale[piece.start : piece.stop].reshape(piece.shape),
+                    loc[..., piece.start : piece.stop].reshape(*self.member_shape, *piece.shape),
+                    scale[..., piece.start : piece.stop].reshape(*self.member_shape, *piece.shape),
                 )
         return result
