@@ -14,6 +14,9 @@ pyro_bbb fit
     or Categorical) with ``MeanFieldGuide`` (plain, ``reparam="local"``, ``"flipout"``) and
     ``LowRankGuide(rank=4)``. Each step is timed from inside ``fit`` by a callback (the
     interval between consecutive backward passes, which spans exactly one step of the loop).
+pyro_bbb fit, ensembles
+    ``fit`` with an ``Ensemble`` of ``K`` = 1 and 5 members of those guides, one vectorised
+    step for all members: the row over ``K`` is the cost per member.
 pyro_bbb under SVI
     The same model and guide with ``AnnealedELBO`` under ``pyro.infer.SVI`` and
     ``pyro.optim.Adam``: Pyro semantics are kept, this is what they cost there.
@@ -50,6 +53,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 import pyro
 import pyro.distributions as dist
@@ -63,10 +67,12 @@ from pyro.infer.autoguide import AutoNormal
 from torch import nn
 
 import pyro_bbb
-from pyro_bbb.infer import AnnealedELBO
+from pyro_bbb.infer import AnnealedELBO, Ensemble
 
 INIT_SCALE = 0.05
 LR = 1e-3
+#: Members of the ensemble rows (an Ensemble of 1 is the guide alone, in the member plate).
+ENSEMBLE_SIZES = (1, 5)
 
 
 # ----------------------------------------------------------------------------- problems
@@ -282,16 +288,19 @@ class _StepTimer(pyro_bbb.Callback):
 class FitSteps:
     """``pyro_bbb.fit`` on one model and guide, ``steps`` steps per call."""
 
-    def __init__(self, net: Net, x, y, device, guide: str, reparam: str | None) -> None:
+    def __init__(
+        self, net: Net, x, y, device, guide: str, reparam: str | None, members: int = 0
+    ) -> None:
         self.net, self.x, self.y, self.reparam = net, x, y, reparam
         self.model = bnn(net, device)
-        name = f"{guide}-{reparam}-{id(self)}"
+        name = f"{guide}-{reparam}-{members}-{id(self)}"
         if guide == "meanfield":
-            self.guide = pyro_bbb.MeanFieldGuide(self.model, init_scale=INIT_SCALE, name=name)
+            family = partial(pyro_bbb.MeanFieldGuide, init_scale=INIT_SCALE, name=name)
         else:
-            self.guide = pyro_bbb.LowRankGuide(
-                self.model, rank=4, blocks="layer", init_scale=INIT_SCALE, name=name
+            family = partial(
+                pyro_bbb.LowRankGuide, rank=4, blocks="layer", init_scale=INIT_SCALE, name=name
             )
+        self.guide = family(self.model) if not members else Ensemble(self.model, family, k=members)
 
     def __call__(self, steps: int, memory: Callable[[], None] | None = None) -> list[float]:
         timer = _StepTimer(steps, memory)
@@ -377,6 +386,11 @@ def configurations(net: Net, device: torch.device, x, y, fused: bool) -> dict[st
         for reparam in (None, "local"):
             label = f"fit, LowRankGuide(rank=4), reparam={reparam!r}"
             configs[label] = FitSteps(net, x, y, device, "lowrank", reparam)
+        for k in ENSEMBLE_SIZES:
+            for guide, reparam in (("meanfield", None), ("meanfield", "local"), ("lowrank", None)):
+                family = "MeanFieldGuide" if guide == "meanfield" else "LowRankGuide(rank=4)"
+                label = f"fit, Ensemble({family}, k={k}), reparam={reparam!r}"
+                configs[label] = FitSteps(net, x, y, device, guide, reparam, members=k)
         configs["SVI + AnnealedELBO + MeanFieldGuide"] = svi_steps(net, x, y, device, "mf")
         configs["SVI + Trace_ELBO + AutoNormal (Pyro)"] = svi_steps(net, x, y, device, "autonormal")
     return configs

@@ -5,7 +5,8 @@
   them as one guide;
 * :mod:`~pyro_bbb.infer.kl`: closed-form KL rules; :mod:`~pyro_bbb.infer.sites`: the
   annotation keys guides write and the ELBO and estimators read;
-* :mod:`~pyro_bbb.infer.schedules`: β schedules; :mod:`~pyro_bbb.infer.elbo`:
+* :mod:`~pyro_bbb.infer.schedules`: β schedules; :mod:`~pyro_bbb.infer.lr_schedules`:
+  learning-rate schedules (:class:`CosineDecay`, fit's default); :mod:`~pyro_bbb.infer.elbo`:
   :class:`AnnealedELBO`;
 * :mod:`~pyro_bbb.infer.reparam`: local reparameterisation and flipout as effect handlers;
 * :mod:`~pyro_bbb.infer.training`: :func:`fit` (with :mod:`~pyro_bbb.infer.minibatches`
@@ -31,6 +32,7 @@ from .elbo import AnnealedELBO, ELBOTerms
 from .ensemble import Ensemble
 from .guides import DeltaGuide, LowRankGuide, MeanFieldGuide
 from .history import History
+from .lr_schedules import CosineDecay
 from .mcmc import NUTSResult, replay_nuts, run_nuts
 from .predictive import ClassificationPrediction, Prediction, RegressionPrediction, predict
 from .reparam import flipout, local_reparameterization
@@ -54,6 +56,7 @@ __all__ = [
     "ClassificationPrediction",
     "CollapseDiagnosis",
     "ConstantBeta",
+    "CosineDecay",
     "CyclicalAnnealing",
     "DeltaGuide",
     "ELBOTerms",

@@ -7,7 +7,8 @@ have taken:
 * what :func:`~pyro_bbb.save` writes: the guide's parameters and the model's point
   estimates by name, buffers, site and input shapes (so :func:`~pyro_bbb.load` reads a
   checkpoint too);
-* the optimiser's state (moments, step counts, hyperparameters);
+* the optimiser's state (moments, step counts, hyperparameters) and a torch learning-rate
+  scheduler's;
 * the :class:`~pyro_bbb.History` so far, whose length is the number of epochs done (β's
   schedule is a function of the epoch, so it continues where it stopped);
 * every random state: torch's (and CUDA's), Python's and NumPy's of each process, and the
@@ -19,6 +20,7 @@ every process reads it to resume. Nothing here trains.
 
 from __future__ import annotations
 
+import math
 import os
 import random
 from dataclasses import dataclass
@@ -31,6 +33,7 @@ from .._validation import check_int
 from .distributed import DataParallel
 from .files import CHECKPOINT, read_file, write_atomic
 from .history import History
+from .lr_schedules import LRSchedule
 from .serialization import capture, match
 
 __all__ = ["Checkpointing", "FitState", "get_rng_state", "set_rng_state"]
@@ -49,6 +52,7 @@ class FitState:
         history: The fit's History (its length is the number of epochs done).
         order_seed: The seed of the minibatch order (``None`` for a ``DataLoader``).
         inputs: One minibatch ``(x, y)``, whose shapes :func:`~pyro_bbb.load` rebuilds.
+        lr_schedule: The learning-rate schedule (a torch scheduler's state is saved).
     """
 
     model: Any
@@ -59,6 +63,7 @@ class FitState:
     history: History
     order_seed: int | None
     inputs: tuple
+    lr_schedule: LRSchedule | None = None
 
     def trainable_names(self) -> list[str]:
         """The names of the optimiser's parameters, in its order."""
@@ -157,9 +162,13 @@ class Checkpointing:
             for target, value in pairs:
                 target.copy_(value)
         state.optimizer.load_state_dict(payload["optimizer"])
+        if state.lr_schedule is not None:
+            state.lr_schedule.load_state_dict(payload.get("lr_schedule", {}))
         for name, values in payload["history"].items():
             if name != "num_data":
                 setattr(state.history, name, list(values))
+        missing = len(state.history.loss) - len(state.history.lr)  # written before History.lr
+        state.history.lr[:0] = [math.nan] * missing
         set_rng_state(payload["rng"][rank])
 
     def after_epoch(self, state: FitState, parallel: DataParallel, *, final: bool) -> None:
@@ -182,6 +191,7 @@ class Checkpointing:
             "trainable": state.trainable_names(),
             "optimizer_class": type(state.optimizer).__name__,
             "optimizer": state.optimizer.state_dict(),
+            "lr_schedule": {} if state.lr_schedule is None else state.lr_schedule.state_dict(),
             "history": history,
             "order_seed": state.order_seed,
             "world_size": world_size,

@@ -55,7 +55,9 @@ class Ensemble(PyroModule):
 
     The members are one guide of the family whose parameters have the member shape
     ``(K, 1, ..., 1)`` in front (:attr:`members`; e.g. ``members.locs["0.weight"]`` is
-    ``(K, 1, out, in)``). Member 0 starts where a single guide would; the others from fresh
+    ``(K, 1, out, in)``), named in Pyro's param store after the guide the factory returns:
+    ``"MeanFieldGuide.members.locs.0.weight"``, or ``"<name>.members..."`` for a guide given a
+    ``name``. Member 0 starts where a single guide would; the others from fresh
     draws of each layer's default initialisation. Every site is drawn inside
     :meth:`members_plate`, and the model must run inside it too; this package's ELBO, predictive and
     evaluation do that themselves. With plain Pyro, wrap the model::
@@ -102,7 +104,9 @@ class Ensemble(PyroModule):
             )
         if members.prototype_trace is not None:
             raise TypeError("guide(model) must return a guide that has not been called yet")
-        super().__init__(name=type(self).__name__)
+        # named after the members' guide, so that ensembles of guides of different names
+        # keep their parameters apart in Pyro's param store: "<name>.members.locs.<site>"
+        super().__init__(name=members._pyro_name)
         members.member_shape = (self.num_members,) + (1,) * self.model_plate_nesting
         self.members = members
 

@@ -23,6 +23,7 @@ class History:
         nll: Expected negative log-likelihood of the training set (nats).
         kl: :math:`\mathrm{KL}(q \| p)` (nats), not weighted by β.
         beta: Mean β over the epoch.
+        lr: Mean learning rate of the optimiser's first parameter group over the epoch.
         seconds: Wall-clock seconds per epoch.
         steps: Optimiser steps taken by the end of each epoch (cumulative).
         collapsed: Fraction of weights whose posterior marginal is within 0.05 nats (KL) of
@@ -38,6 +39,7 @@ class History:
     nll: list[float] = field(default_factory=list)
     kl: list[float] = field(default_factory=list)
     beta: list[float] = field(default_factory=list)
+    lr: list[float] = field(default_factory=list)
     seconds: list[float] = field(default_factory=list)
     steps: list[int] = field(default_factory=list)
     collapsed: list[float] = field(default_factory=list)
@@ -61,7 +63,9 @@ class History:
 
     def as_dict(self) -> dict[str, list[float] | list[int]]:
         """The per-epoch lists by name (e.g. for a ``pandas.DataFrame``)."""
-        names = ("loss", "loss_per_datum", "nll", "kl", "beta", "seconds", "steps", "collapsed")
+        names = (
+            "loss", "loss_per_datum", "nll", "kl", "beta", "lr", "seconds", "steps", "collapsed",
+        )  # fmt: skip
         return {name: list(getattr(self, name)) for name in names}
 
     def __repr__(self) -> str:

@@ -31,6 +31,7 @@ from .devices import cuda_devices, device_of
 from .distributed import data_parallel
 from .elbo import AnnealedELBO, ELBOTerms
 from .history import History
+from .lr_schedules import CosineDecay, LRSchedule, LRScheduleLike
 from .minibatches import check_likelihood_scale, make_batches
 from .reparam import estimator
 from .schedules import ScheduleLike, as_schedule, delayed_warmup
@@ -68,6 +69,7 @@ def fit(
     batch_size: int | None = None,
     lr: float = 1e-2,
     optimizer: OptimizerSpec | None = None,
+    lr_schedule: LRScheduleLike | None = None,
     beta: ScheduleLike | None = None,
     num_particles: int = 1,
     reparam: str | None = None,
@@ -119,6 +121,16 @@ def fit(
             parameter list to an optimiser. Defaults to ``torch.optim.Adam`` with its fused
             implementation (same algorithm, one kernel over all tensors) where the
             parameters allow it: floating point, on one CPU or CUDA device.
+        lr_schedule: How the learning rate moves over the fit: a callable of the epoch
+            (fractional within an epoch, as for ``beta``) returning a factor of each
+            parameter group's initial rate, set before every step; a number, a constant
+            factor (``1.0``: a constant rate); or a ``torch.optim.lr_scheduler`` class, or a
+            ``functools.partial`` of one with its options, built on the optimiser and stepped
+            at the end of every epoch. ``None`` (the default) keeps ``lr`` for the first half
+            of the epochs, then decays it along a half cosine to 1 % of it at the last epoch
+            (:class:`~pyro_bbb.infer.lr_schedules.CosineDecay`): with one weight sample per
+            step the posterior's scales settle only once the rate falls. Like ``beta`` it is
+            drawn over ``epochs``. The rate of each epoch is in ``History.lr``.
         beta: KL weight: a number, a :mod:`~pyro_bbb.infer.schedules` schedule
             (``LinearWarmup(20)``, ``SigmoidWarmup(...)``, ``CyclicalAnnealing(...)``) or any
             callable of the epoch. ``None`` (the default) fits the likelihood first:
@@ -143,8 +155,9 @@ def fit(
         checkpoint_every: Epochs between checkpoints, a positive int (default 1); the last
             epoch is always written.
         resume: A checkpoint to continue from: parameters, optimiser (including its learning
-            rate), History, β's position and random states come from it. ``model`` and
-            ``guide`` are built as for the interrupted fit; the guide need not be set up.
+            rate and a torch scheduler's state), History, β's position and random states come
+            from it. ``model`` and ``guide`` are built as for the interrupted fit; the guide
+            need not be set up.
 
     Returns:
         The :class:`History` of the fit.
@@ -204,9 +217,10 @@ def fit(
     if not params:
         raise ValueError("the model and guide have no trainable parameters")
     optim = _make_optimizer(optimizer, params, lr)
+    rates = LRSchedule(CosineDecay(epochs) if lr_schedule is None else lr_schedule, optim)
     parallel.broadcast_(params)  # every process starts from rank 0's parameters
     history = History(num_data=batches.num_data)
-    state = FitState(model, guide, named, params, optim, history, batches.seed, first)
+    state = FitState(model, guide, named, params, optim, history, batches.seed, first, rates)
     if saving.resumed is not None:
         saving.restore(state, parallel.rank)  # parameters, optimiser, History, random states
     else:
@@ -222,10 +236,12 @@ def fit(
     for epoch in range(len(history), epochs):
         start = time.perf_counter()
         parts: list[torch.Tensor] = []  # (loss, nll, kl) of each step, summed at epoch end
-        betas = 0.0
+        betas = lrs = 0.0
         num_steps = len(batches)
         for i, batch in enumerate(batches(epoch)):
             elbo.beta = schedule(epoch + i / num_steps)
+            rates.before_step(epoch + i / num_steps)
+            lrs += rates.lr
             try:
                 with handler():
                     terms = elbo.terms(model, guide, *batch)
@@ -255,6 +271,8 @@ def fit(
         history.nll.append(nll)
         history.kl.append(kl)
         history.beta.append(betas / steps_done)
+        history.lr.append(lrs / steps_done)
+        rates.after_epoch()
         history.seconds.append(time.perf_counter() - start)
         history.steps.append(step)
         history.collapsed.append(monitor.fraction())

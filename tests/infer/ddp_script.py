@@ -112,7 +112,7 @@ def run(epochs: int, **options) -> tuple[dict, list]:
     guide = bbb.MeanFieldGuide(model)
     history = bbb.fit(
         model, guide, x.float(), y.float(), epochs=epochs, batch_size=8, seed=1,
-        beta=bbb.infer.LinearWarmup(3), **options,
+        beta=bbb.infer.LinearWarmup(3), lr_schedule=bbb.infer.CosineDecay(4), **options,
     )  # fmt: skip
     return store(), history.loss
 

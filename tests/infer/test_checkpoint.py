@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import random
+from functools import partial
 
 import numpy as np
 import pyro
 import pytest
 import torch
+from torch.optim.lr_scheduler import StepLR
 from torch.utils.data import DataLoader, TensorDataset
 
 import pyro_bbb as bbb
 from pyro_bbb.infer import LinearWarmup, files
 from pyro_bbb.infer.checkpoint import get_rng_state, set_rng_state
+from pyro_bbb.infer.lr_schedules import CosineDecay
 
 N = 48
 
@@ -30,6 +33,8 @@ def _fresh(guide: str = "meanfield", sizes=(2, 8, 1)):
     model = bbb.BNN(bbb.mlp(list(sizes)), bbb.likelihoods.Gaussian(), num_data=N)
     if guide == "lowrank":
         return model, bbb.LowRankGuide(model, rank=2)
+    if guide == "ensemble":
+        return model, bbb.Ensemble(model, lambda m: bbb.LowRankGuide(m, rank=2), k=3)
     return model, bbb.MeanFieldGuide(model)
 
 
@@ -39,7 +44,9 @@ def _store() -> dict[str, torch.Tensor]:
 
 def _fit(model, guide, epochs, **options):
     x, y = _data()
-    options = {"batch_size": 12, "beta": LinearWarmup(5), "seed": 3, **options}
+    # schedules drawn over the whole run, as an interrupted fit of 6 epochs draws them
+    schedules = {"beta": LinearWarmup(5), "lr_schedule": CosineDecay(6, start=0.2)}
+    options = {"batch_size": 12, "seed": 3, **schedules, **options}
     return bbb.fit(model, guide, x, y, epochs=epochs, **options)
 
 
@@ -47,6 +54,8 @@ CASES = {
     "meanfield": ("meanfield", {}),
     "lowrank": ("lowrank", {}),
     "meanfield-flipout-2-particles": ("meanfield", {"reparam": "flipout", "num_particles": 2}),
+    "torch-scheduler": ("meanfield", {"lr_schedule": partial(StepLR, step_size=2, gamma=0.5)}),
+    "ensemble": ("ensemble", {}),
 }
 
 
@@ -58,12 +67,13 @@ def test_resume_equals_the_uninterrupted_fit_bit_for_bit(tmp_path, case):
     path = tmp_path / "fit.pt"
     first = _fit(*_fresh(kind), 3, checkpoint=path, **options)
     assert 0 < first.beta[-1] < 1  # the cut is mid-warm-up: β(t) = t / 5
+    assert first.lr[-1] < first.lr[0]  # and mid-decay of the learning rate
     history = _fit(*_fresh(kind), 6, resume=path, **options)
     resumed = _store()
     assert resumed.keys() == full.keys()
     for name, value in full.items():
         assert torch.equal(resumed[name], value), name
-    for name in ("loss", "nll", "kl", "beta", "steps"):
+    for name in ("loss", "nll", "kl", "beta", "lr", "steps"):
         assert getattr(history, name) == getattr(full_history, name), name
 
 
@@ -74,8 +84,9 @@ def test_resume_continues_a_shuffled_dataloader_bit_for_bit(tmp_path):
         model, guide = _fresh()
         torch.manual_seed(7)  # the loader draws its order from torch's global generator
         loader = DataLoader(TensorDataset(x, y), batch_size=12, shuffle=True)
-        # a schedule of its own: the default one is drawn over the run's `epochs`
-        bbb.fit(model, guide, loader, epochs=epochs, seed=None, beta=LinearWarmup(5), **options)
+        # schedules of their own: the default ones are drawn over the run's `epochs`
+        schedules = {"beta": LinearWarmup(5), "lr_schedule": CosineDecay(4)}
+        bbb.fit(model, guide, loader, epochs=epochs, seed=None, **schedules, **options)
         return _store()
 
     full = run(4)

@@ -174,8 +174,9 @@ def run(epochs, **options):
     model = bbb.BNN(bbb.mlp([3, 8, 1]), bbb.likelihoods.Gaussian(), num_data=64)
     guide = bbb.MeanFieldGuide(model)
     history = bbb.fit(
-        model, guide, x, y, epochs=epochs, batch_size=8, seed=0, device="cuda", **options
-    )
+        model, guide, x, y, epochs=epochs, batch_size=8, seed=0, device="cuda",
+        beta=bbb.infer.LinearWarmup(3), lr_schedule=bbb.infer.CosineDecay(4), **options,
+    )  # fmt: skip
     devices = {str(v.device) for v in pyro.get_param_store().values()}
     return {n: v.detach().cpu() for n, v in pyro.get_param_store().items()}, history.loss, devices
 

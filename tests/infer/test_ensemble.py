@@ -226,3 +226,15 @@ def test_bad_members_are_refused():
     used(x, y)
     with pytest.raises(TypeError, match="not been called"):
         Ensemble(model, lambda m: used, k=2)
+
+
+def test_ensembles_are_named_after_their_members_guide_in_the_param_store():
+    pyro.clear_param_store()
+    model, x, y = regression()
+    small = Ensemble(model, lambda m: MeanFieldGuide(m, name="small"), k=2)
+    large = Ensemble(model, lambda m: MeanFieldGuide(m, name="large"), k=3)
+    small(x, y)
+    large(x, y)
+    store = pyro.get_param_store()
+    assert store["small.members.locs.0.weight"].shape == (2, 1, 6, 2)
+    assert store["large.members.locs.0.weight"].shape == (3, 1, 6, 2)

@@ -1,0 +1,160 @@
+r"""Learning-rate schedules for :func:`~pyro_bbb.fit`: a factor of the epoch, or torch's own.
+
+A schedule is either
+
+* a callable of the epoch ``t`` (fractional within an epoch, as β's schedules are) returning
+  a factor that multiplies each parameter group's initial learning rate, applied before every
+  step; a number is a constant factor; :class:`CosineDecay` is the default; or
+* a ``torch.optim.lr_scheduler.LRScheduler`` class, or a ``functools.partial`` of one with its
+  options (``partial(StepLR, step_size=100)``), built on fit's optimiser and stepped at the
+  end of every epoch, as torch's schedulers expect.
+
+:class:`LRSchedule` drives either kind through one fit and carries its state into a
+checkpoint. Why the default decays: with one Monte Carlo sample per step, a constant
+learning rate leaves the variational parameters jittering around their optimum by an amount
+that grows with the rate (Adam's steps do not shrink as the gradient's mean does), and the
+posterior standard deviations read off the last iterate are off by tens of percent on a
+conjugate problem; decaying the rate over the last half of the run, once β has reached 1,
+lets them settle (``docs/kl_scaling.md`` has the measurements).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.optim.lr_scheduler import LRScheduler
+
+from .._validation import check_nonnegative_number, check_positive_number
+
+__all__ = ["CosineDecay", "LRSchedule", "LRScheduleLike"]
+
+LRScheduleLike = (
+    float | Callable[[float], float] | type[LRScheduler] | functools.partial[LRScheduler]
+)
+"""What ``fit(lr_schedule=...)`` takes: a factor, a callable of the epoch, or a torch
+scheduler class (or a ``functools.partial`` of one)."""
+
+
+@dataclass(frozen=True)
+class CosineDecay:
+    r"""Factor 1, then a half cosine down to ``floor`` over the last part of the epochs.
+
+    .. math::
+
+        f(t) = \begin{cases} 1 & t < sE \\ \phi + (1 - \phi)\,\tfrac12\big(1 + \cos \pi
+            \tfrac{t - sE}{(1 - s)E}\big) & t \ge sE \end{cases}
+
+    with ``start`` :math:`s`, ``floor`` :math:`\phi` and ``epochs`` :math:`E` (Loshchilov and
+    Hutter 2017, https://arxiv.org/abs/1608.03983, without restarts).
+
+    Args:
+        epochs: :math:`E`, the length of the fit.
+        start: Fraction of the epochs at the full rate before the decay begins.
+        floor: The factor reached at the last epoch.
+    """
+
+    epochs: float
+    start: float = 0.5
+    floor: float = 0.01
+
+    def __post_init__(self) -> None:
+        check_positive_number("epochs", self.epochs)
+        if not 0 <= self.start < 1:
+            raise ValueError(f"start must be in [0, 1), got {self.start!r}")
+        if not 0 <= self.floor <= 1:
+            raise ValueError(f"floor must be in [0, 1], got {self.floor!r}")
+
+    def __call__(self, epoch: float) -> float:
+        """The factor at epoch ``epoch`` (fractional)."""
+        begin = self.start * self.epochs
+        if epoch <= begin:
+            return 1.0
+        u = min((epoch - begin) / (self.epochs - begin), 1.0)
+        return self.floor + (1 - self.floor) * 0.5 * (1 + math.cos(math.pi * u))
+
+
+def _is_scheduler_class(spec: object) -> bool:
+    target = spec.func if isinstance(spec, functools.partial) else spec
+    return isinstance(target, type) and issubclass(target, LRScheduler)
+
+
+class LRSchedule:
+    """One fit's learning-rate schedule over its optimiser.
+
+    Args:
+        spec: A factor, a callable of the epoch returning a factor, or a torch scheduler
+            class (or a ``functools.partial`` of one).
+        optimizer: The fit's optimiser; its groups' ``initial_lr`` is set to their ``lr``.
+
+    Raises:
+        TypeError: If ``spec`` is none of these, or a callable's factor is not a number.
+        ValueError: If a factor is negative or not finite.
+    """
+
+    def __init__(self, spec: LRScheduleLike, optimizer: torch.optim.Optimizer) -> None:
+        self.optimizer = optimizer
+        for group in optimizer.param_groups:
+            group.setdefault("initial_lr", group["lr"])
+        self.scheduler: LRScheduler | None = None
+        self.factor: Callable[[float], float] | None = None
+        if _is_scheduler_class(spec):
+            self.scheduler = spec(optimizer)
+        elif isinstance(spec, (int, float)) and not isinstance(spec, bool):
+            value = check_nonnegative_number("lr_schedule", spec)
+            self.factor = lambda epoch: value
+        elif callable(spec):
+            self.factor = spec
+            self._check_factor(0.0)
+        else:
+            raise TypeError(
+                "lr_schedule must be a number, a callable of the epoch returning a factor of "
+                "lr, or a torch.optim.lr_scheduler class (or functools.partial of one); got "
+                f"{spec!r}"
+            )
+
+    def _check_factor(self, epoch: float) -> float:
+        try:
+            value = self.factor(epoch)
+        except Exception as error:
+            raise TypeError(
+                f"lr_schedule({epoch}) failed: a callable lr_schedule takes the epoch and "
+                "returns a factor of lr (pass a torch scheduler as its class, or a "
+                "functools.partial of it)"
+            ) from error
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise TypeError(
+                f"lr_schedule({epoch}) must return a number (a factor of lr), got {value!r}"
+            )
+        return check_nonnegative_number(f"lr_schedule({epoch})", value)
+
+    def before_step(self, epoch: float) -> None:
+        """Set every group's rate for the step at ``epoch`` (a callable schedule)."""
+        if self.factor is None:
+            return
+        factor = self.factor(epoch)
+        for group in self.optimizer.param_groups:
+            group["lr"] = group["initial_lr"] * factor
+
+    def after_epoch(self) -> None:
+        """Step a torch scheduler at the end of an epoch."""
+        if self.scheduler is not None:
+            self.scheduler.step()
+
+    @property
+    def lr(self) -> float:
+        """The current learning rate of the first parameter group."""
+        return float(self.optimizer.param_groups[0]["lr"])
+
+    def state_dict(self) -> dict[str, Any]:
+        """A torch scheduler's state (a callable schedule has none: the epoch decides)."""
+        return {} if self.scheduler is None else self.scheduler.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` gave."""
+        if self.scheduler is not None:
+            self.scheduler.load_state_dict(state)

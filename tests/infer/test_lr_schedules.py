@@ -1,0 +1,88 @@
+"""Learning-rate schedules: CosineDecay's shape, fit applying them, History.lr, bad input."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from functools import partial
+
+import pytest
+import torch
+from torch.optim.lr_scheduler import StepLR
+
+import pyro_bbb as bbb
+from pyro_bbb.infer import CosineDecay
+
+
+def _fit(epochs=6, **options):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(24, 2, generator=g)
+    y = x.sum(-1) + 0.1 * torch.randn(24, generator=g)
+    model = bbb.BNN(bbb.mlp([2, 4, 1]), bbb.likelihoods.Gaussian(), num_data=24)
+    guide = bbb.MeanFieldGuide(model)
+    return bbb.fit(model, guide, x, y, epochs=epochs, lr=0.02, seed=0, progress=False, **options)
+
+
+def test_cosine_decay_holds_then_falls_along_a_half_cosine_to_its_floor():
+    decay = CosineDecay(100, start=0.5, floor=0.01)
+    assert decay(0) == decay(50) == 1.0
+    assert decay(75) == pytest.approx((1 + 0.01) / 2)
+    assert decay(100) == pytest.approx(0.01)
+    assert decay(1000) == pytest.approx(0.01)
+    values = [decay(t) for t in range(50, 101)]
+    assert all(a > b for a, b in itertools.pairwise(values))
+
+
+def test_fit_decays_the_rate_by_default_over_the_second_half():
+    history = _fit(epochs=8, batch_size=12)  # two steps an epoch: t = epoch, epoch + 1/2
+    decay = CosineDecay(8)
+    expected = [0.02 * (decay(e) + decay(e + 0.5)) / 2 for e in range(8)]
+    assert history.lr == pytest.approx(expected, rel=1e-12)
+    assert history.lr[:4] == [0.02] * 4
+
+
+def test_a_number_is_a_constant_factor():
+    assert _fit(lr_schedule=1.0).lr == [0.02] * 6
+    assert _fit(lr_schedule=0.5).lr == pytest.approx([0.01] * 6)
+
+
+def test_a_callable_of_the_epoch_sets_the_rate_before_each_step():
+    history = _fit(lr_schedule=lambda t: 1 / (1 + t))
+    assert history.lr == pytest.approx([0.02 / (1 + e) for e in range(6)])
+
+
+def test_a_torch_scheduler_class_is_built_on_the_optimiser_and_stepped_every_epoch():
+    history = _fit(lr_schedule=partial(StepLR, step_size=2, gamma=0.5))
+    assert history.lr == pytest.approx([0.02, 0.02, 0.01, 0.01, 0.005, 0.005])
+
+
+def test_a_decayed_rate_moves_the_parameters_less():
+    # the same noise, a rate of 0 after the first epoch: the guide stops changing
+    frozen = _fit(lr_schedule=lambda t: 1.0 if t < 1 else 0.0)
+    assert frozen.lr[1:] == [0.0] * 5
+    assert len(set(frozen.kl[2:])) == 1  # analytic KL of unchanged parameters
+
+
+@pytest.mark.parametrize(
+    ("spec", "error", "match"),
+    [
+        ("cosine", TypeError, "lr_schedule must be a number, a callable"),
+        (lambda t: "fast", TypeError, "must return a number"),
+        (lambda t: -1.0, ValueError, r"lr_schedule\(0.0\) must be a finite number >= 0"),
+        (lambda optimizer: StepLR(optimizer, 2), TypeError, "functools.partial"),
+        (-0.5, ValueError, "lr_schedule must be a finite number >= 0"),
+        (math.nan, ValueError, "lr_schedule must be a finite number >= 0"),
+    ],
+)
+def test_bad_schedules_are_refused_naming_lr_schedule(spec, error, match):
+    with pytest.raises(error, match=match):
+        _fit(lr_schedule=spec)
+
+
+@pytest.mark.parametrize(
+    ("options", "match"),
+    [({"start": 1.0}, "start must be in"), ({"floor": 2.0}, "floor must be in")],
+)
+def test_cosine_decay_refuses_bad_options(options, match):
+    with pytest.raises(ValueError, match=match):
+        CosineDecay(10, **options)
