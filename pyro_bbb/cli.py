@@ -104,7 +104,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     suites = bench.add_subparsers(dest="suite", required=True)
     uci = suites.add_parser(
         "uci",
-        help="UCI regression: BNN vs deterministic net vs MC dropout, beside published figures",
+        help="UCI regression: BNN, ensembles, deterministic net, MC dropout, beside published "
+        "figures",
         description="Run the standard UCI protocol on every data set folder under PATH "
         "(a folder holding data.txt and index_*.txt files, or a folder of such folders).",
     )
@@ -128,7 +129,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=None,
         help="fraction of the epochs at beta = 0 before the warm-up (0.25)",
     )
-    uci.add_argument("--methods", nargs="+", choices=["bnn", "deterministic", "mc_dropout"])
+    uci.add_argument(
+        "--methods",
+        nargs="+",
+        choices=["bnn", "bnn_ensemble", "deterministic", "deep_ensemble", "mc_dropout"],
+    )
+    uci.add_argument("--members", type=_positive_int, default=None, help="ensemble size (5)")
     uci.add_argument("--jobs", type=_positive_int, default=1, help="worker processes")
     uci.add_argument("--seed", type=int, default=0)
     uci.add_argument("--out", default="uci_results", help="folder for uci.md and uci.json")
@@ -150,7 +156,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "reparam": None if args.reparam == "none" else args.reparam,
             "seed": args.seed,
         }
-        for name in ("epochs", "batch_size", "lr", "hold"):
+        for name in ("epochs", "batch_size", "lr", "hold", "members"):
             if getattr(args, name) is not None:
                 options[name] = getattr(args, name)
         bench_uci(

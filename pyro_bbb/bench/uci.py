@@ -11,14 +11,20 @@ hidden layer and a learned Gaussian noise scale, and score the test rows in orig
   the Gaussian mixture over weight samples (the :math:`-\log \sigma_y` of the
   standardization included),
 
-reported as mean ± standard error over splits. Three methods share one model, the same
+reported as mean ± standard error over splits. Five methods share one model, the same
 :func:`~pyro_bbb.mlp`, :class:`~pyro_bbb.BNN`, N(0, 1) prior and learned noise, so they differ
 only in how the weights are inferred:
 
 * ``"bnn"``: Bayes by Backprop, a :class:`~pyro_bbb.MeanFieldGuide` (or
   :class:`~pyro_bbb.LowRankGuide`) trained on the β-annealed ELBO;
+* ``"bnn_ensemble"``: an :class:`~pyro_bbb.Ensemble` of ``members`` such guides, trained as
+  one, predicting with their uniform mixture;
 * ``"deterministic"``: a point estimate (Pyro's ``AutoDelta``), i.e. the MAP weights, the
   prior acting as weight decay;
+* ``"deep_ensemble"``: an :class:`~pyro_bbb.Ensemble` of ``members`` point estimates
+  (:class:`~pyro_bbb.DeltaGuide`), independently initialised (Lakshminarayanan et al. 2017,
+  without their adversarial examples; the learned noise scale, a parameter of the model, is
+  shared by the members);
 * ``"mc_dropout"``: the same point estimate with dropout after the hidden layer, kept on at
   prediction (Gal and Ghahramani 2016).
 
@@ -45,7 +51,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import lru_cache, partial
 from multiprocessing import get_context
 from pathlib import Path
 from typing import Any, Literal
@@ -63,7 +69,16 @@ from .._validation import (
     check_positive_number,
 )
 from ..data import UCIFolder, UCISplit, find_uci_folders, load_uci_folder, uci_num_splits
-from ..infer import LinearWarmup, LowRankGuide, MeanFieldGuide, RegressionPrediction, fit, predict
+from ..infer import (
+    DeltaGuide,
+    Ensemble,
+    LinearWarmup,
+    LowRankGuide,
+    MeanFieldGuide,
+    RegressionPrediction,
+    fit,
+    predict,
+)
 from ..likelihoods import Gaussian
 from ..model import BNN
 from ..nn import initial_values, mlp
@@ -71,7 +86,7 @@ from .uci_results import METHODS, SplitResult, UCIResults
 
 __all__ = ["UCIConfig", "fit_split", "run_uci"]
 
-Method = Literal["bnn", "deterministic", "mc_dropout"]
+Method = Literal["bnn", "bnn_ensemble", "deterministic", "deep_ensemble", "mc_dropout"]
 
 
 @dataclass(frozen=True)
@@ -94,7 +109,9 @@ class UCIConfig:
         beta: β after the warm-up (BNN); 1 is the ELBO.
         noise_init: Initial noise std, in standardized target units (all methods).
         dropout: Dropout probability of ``"mc_dropout"``.
-        num_samples: Weight (or dropout-mask) samples per prediction.
+        members: Members of ``"bnn_ensemble"`` and ``"deep_ensemble"``.
+        num_samples: Weight (or dropout-mask) samples per prediction; an ensemble of BNNs
+            draws ``num_samples // members`` of each member.
         n_hidden: Hidden units; ``None`` takes each folder's ``n_hidden.txt`` (50 if absent).
         seed: Split ``k`` is trained with seed ``seed + k``, the same for every method.
     """
@@ -111,12 +128,13 @@ class UCIConfig:
     beta: float = 1.0
     noise_init: float = 0.5
     dropout: float = 0.05
+    members: int = 5
     num_samples: int = 100
     n_hidden: int | None = None
     seed: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("epochs", "num_samples", "rank"):
+        for name in ("epochs", "num_samples", "rank", "members"):
             check_int(name, getattr(self, name))
         check_int("batch_size", self.batch_size, optional=True)
         check_int("n_hidden", self.n_hidden, optional=True)
@@ -152,11 +170,14 @@ def _build(method: str, num_features: int, n_hidden: int, num_data: int, config:
     dropout = config.dropout if method == "mc_dropout" else 0.0
     net = mlp([num_features, n_hidden, 1], dropout=dropout)
     model = BNN(net, Gaussian(init_scale=config.noise_init), num_data=num_data)
-    if method == "bnn":
+    if method in ("bnn", "bnn_ensemble"):
         if config.guide == "lowrank":
-            guide = LowRankGuide(model, rank=config.rank, init_scale=config.init_scale)
+            family = partial(LowRankGuide, rank=config.rank, init_scale=config.init_scale)
         else:
-            guide = MeanFieldGuide(model, init_scale=config.init_scale)
+            family = partial(MeanFieldGuide, init_scale=config.init_scale)
+        guide = family(model) if method == "bnn" else Ensemble(model, family, k=config.members)
+    elif method == "deep_ensemble":
+        guide = Ensemble(model, DeltaGuide, k=config.members)
     else:
         # A point mass started at the network's own initialisation: MAP weights.
         guide = AutoDelta(model, init_loc_fn=init_to_value(values=initial_values(model)))
@@ -189,7 +210,7 @@ def fit_split(
     with _own_param_store():
         pyro.set_rng_seed(seed)
         model, guide = _build(method, split.x_train.shape[1], n_hidden, len(split.x_train), config)
-        if method == "bnn":
+        if method in ("bnn", "bnn_ensemble"):
             beta: Any = LinearWarmup(
                 config.warmup * config.epochs, end=config.beta, delay=config.hold * config.epochs
             )
@@ -209,8 +230,13 @@ def fit_split(
             seed=seed,
             progress=False,
         )
-        # A point estimate without dropout predicts the same at every sample: one is enough.
-        num_samples = 1 if method == "deterministic" else config.num_samples
+        # A point estimate without dropout predicts the same at every sample: one is enough
+        # (of each member, for a deep ensemble); an ensemble of BNNs shares the samples out.
+        num_samples = {
+            "deterministic": 1,
+            "deep_ensemble": 1,
+            "bnn_ensemble": max(1, config.num_samples // config.members),
+        }.get(method, config.num_samples)
         pred = predict(model, guide, split.x_test, num_samples=num_samples, seed=seed)
     assert isinstance(pred, RegressionPrediction)
     pred = pred.unstandardize(split.y_scaler.mean, split.y_scaler.std)

@@ -30,12 +30,19 @@ __all__ = [
 ]
 
 #: The methods the protocol compares, all on the same model code.
-METHODS: tuple[str, ...] = ("bnn", "deterministic", "mc_dropout")
-"""The methods the protocol runs: the BNN, a deterministic net and MC dropout."""
+METHODS: tuple[str, ...] = ("bnn", "bnn_ensemble", "deterministic", "deep_ensemble", "mc_dropout")
+"""The methods the protocol runs: the BNN, an ensemble of BNNs, a deterministic net, a deep
+ensemble of deterministic nets and MC dropout."""
 
 Figures = dict[str, dict[str, dict[str, tuple[float, float]]]]
 
-_METHOD_LABELS = {"bnn": "BNN (ours)", "deterministic": "deterministic", "mc_dropout": "MC dropout"}
+_METHOD_LABELS = {
+    "bnn": "BNN (ours)",
+    "bnn_ensemble": "BNN ensemble (ours)",
+    "deterministic": "deterministic",
+    "deep_ensemble": "deep ensemble (ours)",
+    "mc_dropout": "MC dropout",
+}
 
 
 def _load_published() -> tuple[dict[str, str], Figures]:
@@ -200,7 +207,8 @@ class UCIResults:
             f"BNN: {guide} guide, reparam {c.reparam}, initial σ {c.init_scale:g}, "
             f"β 0 for the first {c.hold:.0%} of the epochs, then linear to {c.beta:g} over "
             f"the next {c.warmup:.0%}; "
-            f"MC dropout p = {c.dropout:g}; {c.num_samples} predictive samples. "
+            f"MC dropout p = {c.dropout:g}; ensembles of {c.members}; "
+            f"{c.num_samples} predictive samples. "
             f"Wall time {self.seconds:.0f} s with {self.jobs} worker(s); CPU time "
             f"{sum(r.cpu_seconds for r in self.results):.0f} s over all fits."
         )

@@ -6,8 +6,8 @@
 * :mod:`~pyro_bbb.infer.kl`: closed-form KL rules; :mod:`~pyro_bbb.infer.sites`: the
   annotation keys guides write and the ELBO and estimators read;
 * :mod:`~pyro_bbb.infer.schedules`: β schedules; :mod:`~pyro_bbb.infer.lr_schedules`:
-  learning-rate schedules (:class:`CosineDecay`, fit's default); :mod:`~pyro_bbb.infer.elbo`:
-  :class:`AnnealedELBO`;
+  learning-rate schedules (:class:`InverseTimeDecay`, fit's default, and
+  :class:`CosineDecay`); :mod:`~pyro_bbb.infer.elbo`: :class:`AnnealedELBO`;
 * :mod:`~pyro_bbb.infer.reparam`: local reparameterisation and flipout as effect handlers;
 * :mod:`~pyro_bbb.infer.training`: :func:`fit` (with :mod:`~pyro_bbb.infer.minibatches`
   and :mod:`~pyro_bbb.infer.history`); :mod:`~pyro_bbb.infer.distributed`: data-parallel
@@ -32,7 +32,7 @@ from .elbo import AnnealedELBO, ELBOTerms
 from .ensemble import Ensemble
 from .guides import DeltaGuide, LowRankGuide, MeanFieldGuide
 from .history import History
-from .lr_schedules import CosineDecay
+from .lr_schedules import CosineDecay, InverseTimeDecay
 from .mcmc import NUTSResult, replay_nuts, run_nuts
 from .predictive import ClassificationPrediction, Prediction, RegressionPrediction, predict
 from .reparam import flipout, local_reparameterization
@@ -62,6 +62,7 @@ __all__ = [
     "ELBOTerms",
     "Ensemble",
     "History",
+    "InverseTimeDecay",
     "LinearWarmup",
     "LowRankGuide",
     "MeanFieldGuide",

@@ -4,7 +4,8 @@ A schedule is either
 
 * a callable of the epoch ``t`` (fractional within an epoch, as β's schedules are) returning
   a factor that multiplies each parameter group's initial learning rate, applied before every
-  step; a number is a constant factor; :class:`CosineDecay` is the default; or
+  step; a number is a constant factor; :class:`InverseTimeDecay` (the default) and
+  :class:`CosineDecay` hold the rate, then decay it; or
 * a ``torch.optim.lr_scheduler.LRScheduler`` class, or a ``functools.partial`` of one with its
   options (``partial(StepLR, step_size=100)``), built on fit's optimiser and stepped at the
   end of every epoch, as torch's schedulers expect.
@@ -15,7 +16,7 @@ learning rate leaves the variational parameters jittering around their optimum b
 that grows with the rate (Adam's steps do not shrink as the gradient's mean does), and the
 posterior standard deviations read off the last iterate are off by tens of percent on a
 conjugate problem; decaying the rate over the last half of the run, once β has reached 1,
-lets them settle (``docs/kl_scaling.md`` has the measurements).
+lets them settle (``docs/performance.md`` has the measurements).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from torch.optim.lr_scheduler import LRScheduler
 
 from .._validation import check_nonnegative_number, check_positive_number
 
-__all__ = ["CosineDecay", "LRSchedule", "LRScheduleLike"]
+__all__ = ["CosineDecay", "InverseTimeDecay", "LRSchedule", "LRScheduleLike"]
 
 LRScheduleLike = (
     float | Callable[[float], float] | type[LRScheduler] | functools.partial[LRScheduler]
@@ -63,11 +64,7 @@ class CosineDecay:
     floor: float = 0.01
 
     def __post_init__(self) -> None:
-        check_positive_number("epochs", self.epochs)
-        if not 0 <= self.start < 1:
-            raise ValueError(f"start must be in [0, 1), got {self.start!r}")
-        if not 0 <= self.floor <= 1:
-            raise ValueError(f"floor must be in [0, 1], got {self.floor!r}")
+        _check_decay(self.epochs, self.start, self.floor)
 
     def __call__(self, epoch: float) -> float:
         """The factor at epoch ``epoch`` (fractional)."""
@@ -76,6 +73,51 @@ class CosineDecay:
             return 1.0
         u = min((epoch - begin) / (self.epochs - begin), 1.0)
         return self.floor + (1 - self.floor) * 0.5 * (1 + math.cos(math.pi * u))
+
+
+@dataclass(frozen=True)
+class InverseTimeDecay:
+    r"""Factor 1, then :math:`1/(1 + a u)` down to ``floor`` over the last part of the epochs.
+
+    .. math::
+
+        f(t) = \begin{cases} 1 & t < sE \\ \dfrac{1}{1 + (1/\phi - 1)\,u} &
+            u = \dfrac{t - sE}{(1 - s)E} \in [0, 1] \end{cases}
+
+    with ``start`` :math:`s`, ``floor`` :math:`\phi` and ``epochs`` :math:`E`. A rate that
+    falls as the inverse of the steps taken is the classical stochastic-approximation
+    schedule (Robbins and Monro 1951): it averages the gradient noise away at the rate the
+    noise allows, where a cosine spends its last steps at rates too small to move the
+    parameters. ``fit``'s default.
+
+    Args:
+        epochs: :math:`E`, the length of the fit.
+        start: Fraction of the epochs at the full rate before the decay begins.
+        floor: The factor reached at the last epoch.
+    """
+
+    epochs: float
+    start: float = 0.5
+    floor: float = 0.01
+
+    def __post_init__(self) -> None:
+        _check_decay(self.epochs, self.start, self.floor)
+
+    def __call__(self, epoch: float) -> float:
+        """The factor at epoch ``epoch`` (fractional)."""
+        begin = self.start * self.epochs
+        if epoch <= begin:
+            return 1.0
+        u = min((epoch - begin) / (self.epochs - begin), 1.0)
+        return 1.0 / (1.0 + (1.0 / self.floor - 1.0) * u)
+
+
+def _check_decay(epochs: float, start: float, floor: float) -> None:
+    check_positive_number("epochs", epochs)
+    if not 0 <= start < 1:
+        raise ValueError(f"start must be in [0, 1), got {start!r}")
+    if not 0 < floor <= 1:
+        raise ValueError(f"floor must be in (0, 1], got {floor!r}")
 
 
 def _is_scheduler_class(spec: object) -> bool:

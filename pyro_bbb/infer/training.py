@@ -31,7 +31,7 @@ from .devices import cuda_devices, device_of
 from .distributed import data_parallel
 from .elbo import AnnealedELBO, ELBOTerms
 from .history import History
-from .lr_schedules import CosineDecay, LRSchedule, LRScheduleLike
+from .lr_schedules import InverseTimeDecay, LRSchedule, LRScheduleLike
 from .minibatches import check_likelihood_scale, make_batches
 from .reparam import estimator
 from .schedules import ScheduleLike, as_schedule, delayed_warmup
@@ -127,10 +127,11 @@ def fit(
             factor (``1.0``: a constant rate); or a ``torch.optim.lr_scheduler`` class, or a
             ``functools.partial`` of one with its options, built on the optimiser and stepped
             at the end of every epoch. ``None`` (the default) keeps ``lr`` for the first half
-            of the epochs, then decays it along a half cosine to 1 % of it at the last epoch
-            (:class:`~pyro_bbb.infer.lr_schedules.CosineDecay`): with one weight sample per
-            step the posterior's scales settle only once the rate falls. Like ``beta`` it is
-            drawn over ``epochs``. The rate of each epoch is in ``History.lr``.
+            of the epochs, then decays it as the inverse of the steps to 1 % of it at the
+            last epoch (:class:`~pyro_bbb.infer.lr_schedules.InverseTimeDecay`): with one
+            weight sample per step the posterior's scales settle only once the rate falls.
+            Like ``beta`` it is drawn over ``epochs``. The rate of each epoch is in
+            ``History.lr``.
         beta: KL weight: a number, a :mod:`~pyro_bbb.infer.schedules` schedule
             (``LinearWarmup(20)``, ``SigmoidWarmup(...)``, ``CyclicalAnnealing(...)``) or any
             callable of the epoch. ``None`` (the default) fits the likelihood first:
@@ -217,7 +218,7 @@ def fit(
     if not params:
         raise ValueError("the model and guide have no trainable parameters")
     optim = _make_optimizer(optimizer, params, lr)
-    rates = LRSchedule(CosineDecay(epochs) if lr_schedule is None else lr_schedule, optim)
+    rates = LRSchedule(InverseTimeDecay(epochs) if lr_schedule is None else lr_schedule, optim)
     parallel.broadcast_(params)  # every process starts from rank 0's parameters
     history = History(num_data=batches.num_data)
     state = FitState(model, guide, named, params, optim, history, batches.seed, first, rates)

@@ -39,7 +39,7 @@ def _synthetic_folder(root: Path, name: str = "synthetic", n: int = 200, seed: i
     return write_uci_folder(root / name, x, y, num_splits=2, test_fraction=0.2, n_hidden=20)
 
 
-# --- one split, three methods on one model ----------------------------------------------------
+# --- one split, every method on one model ----------------------------------------------------
 
 
 def test_fit_split_methods_beat_the_training_mean_and_the_bnn_nears_the_noise_floor(tmp_path):
@@ -57,8 +57,9 @@ def test_fit_split_methods_beat_the_training_mean_and_the_bnn_nears_the_noise_fl
         assert math.isfinite(result.log_likelihood) and result.noise_std > 0
     # the best possible per-point log-likelihood is that of the true noise, about -0.22
     best = -0.5 * math.log(2 * math.pi * NOISE**2) - 0.5
-    assert results["bnn"].log_likelihood < best + 0.3
-    assert results["bnn"].log_likelihood > best - 1.0
+    for method in ("bnn", "bnn_ensemble"):
+        assert results[method].log_likelihood < best + 0.3, method
+        assert results[method].log_likelihood > best - 1.0, method
 
 
 @pytest.mark.parametrize("reparam", ["local", "flipout"])
@@ -176,7 +177,7 @@ def test_bench_uci_command_smoke_run_on_two_splits_of_two_sets(tmp_path, capsys)
     report = json.loads((out / "uci.json").read_text())
     assert (out / "uci.md").read_text().startswith("Test RMSE")
     splits = report["splits"]
-    assert len(splits) == 2 * 2 * 3
+    assert len(splits) == 2 * 2 * len(METHODS)
     assert {(r["dataset"], r["split"], r["method"]) for r in splits} == {
         (d, k, m) for d in names for k in (0, 1) for m in METHODS
     }

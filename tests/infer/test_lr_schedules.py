@@ -11,7 +11,7 @@ import torch
 from torch.optim.lr_scheduler import StepLR
 
 import pyro_bbb as bbb
-from pyro_bbb.infer import CosineDecay
+from pyro_bbb.infer import CosineDecay, InverseTimeDecay
 
 
 def _fit(epochs=6, **options):
@@ -33,9 +33,17 @@ def test_cosine_decay_holds_then_falls_along_a_half_cosine_to_its_floor():
     assert all(a > b for a, b in itertools.pairwise(values))
 
 
+def test_inverse_time_decay_holds_then_falls_as_one_over_the_steps_to_its_floor():
+    decay = InverseTimeDecay(100, start=0.5, floor=0.01)
+    assert decay(0) == decay(50) == 1.0
+    assert decay(75) == pytest.approx(1 / (1 + 99 * 0.5))
+    assert decay(100) == pytest.approx(0.01)
+    assert decay(1000) == pytest.approx(0.01)
+
+
 def test_fit_decays_the_rate_by_default_over_the_second_half():
     history = _fit(epochs=8, batch_size=12)  # two steps an epoch: t = epoch, epoch + 1/2
-    decay = CosineDecay(8)
+    decay = InverseTimeDecay(8)
     expected = [0.02 * (decay(e) + decay(e + 0.5)) / 2 for e in range(8)]
     assert history.lr == pytest.approx(expected, rel=1e-12)
     assert history.lr[:4] == [0.02] * 4
@@ -81,8 +89,13 @@ def test_bad_schedules_are_refused_naming_lr_schedule(spec, error, match):
 
 @pytest.mark.parametrize(
     ("options", "match"),
-    [({"start": 1.0}, "start must be in"), ({"floor": 2.0}, "floor must be in")],
+    [
+        ({"start": 1.0}, "start must be in"),
+        ({"floor": 2.0}, "floor must be in"),
+        ({"floor": 0.0}, "floor must be in"),
+    ],
 )
-def test_cosine_decay_refuses_bad_options(options, match):
+@pytest.mark.parametrize("decay", [CosineDecay, InverseTimeDecay])
+def test_decays_refuse_bad_options(decay, options, match):
     with pytest.raises(ValueError, match=match):
-        CosineDecay(10, **options)
+        decay(10, **options)
