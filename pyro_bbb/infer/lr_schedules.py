@@ -16,7 +16,7 @@ learning rate leaves the variational parameters jittering around their optimum b
 that grows with the rate (Adam's steps do not shrink as the gradient's mean does), and the
 posterior standard deviations read off the last iterate are off by tens of percent on a
 conjugate problem; decaying the rate over the last half of the run, once β has reached 1,
-lets them settle (``docs/performance.md`` has the measurements).
+lets them settle (``docs/concepts.md`` has the measurements).
 """
 
 from __future__ import annotations

@@ -6,12 +6,16 @@ import itertools
 import math
 from functools import partial
 
+import pyro
 import pytest
 import torch
 from torch.optim.lr_scheduler import StepLR
 
 import pyro_bbb as bbb
-from pyro_bbb.infer import CosineDecay, InverseTimeDecay
+from pyro_bbb.infer import CosineDecay, InverseTimeDecay, LowRankGuide, MeanFieldGuide
+
+from ..problems import conjugate_problem, linear_bnn
+from ..support import scaled
 
 
 def _fit(epochs=6, **options):
@@ -99,3 +103,23 @@ def test_bad_schedules_are_refused_naming_lr_schedule(spec, error, match):
 def test_decays_refuse_bad_options(decay, options, match):
     with pytest.raises(ValueError, match=match):
         decay(10, **options)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["lowrank", "meanfield"])
+def test_at_fits_defaults_the_conjugate_posteriors_scales_are_within_5_percent(family):
+    # 3 features and a bias, 150 points, known noise: the exact posterior is known. The
+    # low-rank guide (rank 4 = the block's size) can represent it exactly; mean-field's own
+    # optimum has the exact means and variances 1 / diag(precision) (Bishop 2006, §10.1.2).
+    x, y, mean, covariance, precision = conjugate_problem(num_data=150)
+    target = covariance.diagonal().sqrt() if family == "lowrank" else precision.diagonal().rsqrt()
+    for seed in range(scaled(1, 4)):
+        pyro.clear_param_store()
+        model = linear_bnn(x)
+        guide = LowRankGuide(model, rank=4) if family == "lowrank" else MeanFieldGuide(model)
+        bbb.fit(model, guide, x, y, epochs=3000, seed=seed, progress=False)
+        marginals = guide.marginals()
+        loc = torch.cat([marginals["0.weight"][0].reshape(-1), marginals["0.bias"][0]])
+        sd = torch.cat([marginals["0.weight"][1].reshape(-1), marginals["0.bias"][1]])
+        assert (sd / target - 1).abs().max() < 0.05, (seed, sd / target - 1)
+        assert ((loc - mean).abs() / target).max() < 0.2, (seed, (loc - mean) / target)
