@@ -47,6 +47,7 @@ import sys
 import time
 import warnings
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import pyro
@@ -183,6 +184,11 @@ def run_candidate(name, problem, init_scale, seed):
         model, guide = build(problem, init_scale, seed)
     if name == "default":
         _fit(model, guide, problem, epochs, seed)
+    elif name == "const_lr":  # the default beta with a constant learning rate
+        _fit(model, guide, problem, epochs, seed, lr_schedule=1.0)
+    elif name == "ensemble5":  # five mean-field guides trained as one, fit's defaults
+        guide = bbb.Ensemble(model, partial(bbb.MeanFieldGuide, init_scale=init_scale), k=5)
+        _fit(model, guide, problem, epochs, seed)
     elif name == "beta1" or name == "eb":
         _fit(model, guide, problem, epochs, seed, beta=1.0)
     elif name == "warmup10":
@@ -280,15 +286,18 @@ def restarts(problem, init_scale, seed, tries, fraction):
 # ------------------------------------------------------------------------------- scoring
 @torch.no_grad()
 def beta1_loss(model, guide, x, y, particles=64):
+    """The β = 1 loss and its parts; of an ensemble, the mean over its members."""
     terms = AnnealedELBO(1.0, num_particles=particles).terms(model, guide, x, y)
-    return terms.loss.item(), terms.nll.item(), terms.kl.item()
+    k = getattr(guide, "num_members", 1)
+    return terms.loss.item() / k, terms.nll.item() / k, terms.kl.item() / k
 
 
 @torch.no_grad()
 def collapsed_fraction(model, guide, x, threshold=KL_THRESHOLD):
     prior_trace = poutine.trace(model).get_trace(x[:1])
     kls = []
-    for name, (loc, scale) in guide._marginals().items():
+    members = getattr(guide, "members", guide)  # an ensemble's: every member's weights
+    for name, (loc, scale) in members._marginals().items():
         p = prior_trace.nodes[name]["fn"].base_dist
         q = dist.Normal(loc, scale)
         kls.append(
@@ -303,9 +312,10 @@ def collapsed_fraction(model, guide, x, threshold=KL_THRESHOLD):
 @torch.no_grad()
 def score(problem, model, guide):
     seed = 0
-    train = bbb.predict(model, guide, problem.x, num_samples=200, seed=seed)
-    test = bbb.predict(model, guide, problem.x_test, num_samples=200, seed=seed)
-    probe = bbb.predict(model, guide, problem.x_probe, num_samples=200, seed=seed)
+    draws = 200 // getattr(guide, "num_members", 1)  # an ensemble's: of each member
+    train = bbb.predict(model, guide, problem.x, num_samples=draws, seed=seed)
+    test = bbb.predict(model, guide, problem.x_test, num_samples=draws, seed=seed)
+    probe = bbb.predict(model, guide, problem.x_probe, num_samples=draws, seed=seed)
     loss, nll, kl = beta1_loss(model, guide, problem.x, problem.y)
     ep_train = train.epistemic_std.mean().item()
     return {

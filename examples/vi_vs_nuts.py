@@ -81,7 +81,7 @@ def table(comparisons: dict, stds: dict) -> str:
         lines.append(f"{label:<36}" + "".join(f"{c:>18}" for c in cells))
     for region in ("gap", "data", "extrapolation"):
         label = f"epistemic std, {region}"
-        lines.append(f"{label:<36}" + "".join(f"{stds[n][region]:>12.3f}" for n in names))
+        lines.append(f"{label:<36}" + "".join(f"{stds[n][region]:>18.3f}" for n in names))
     return "\n".join(lines)
 
 

@@ -203,7 +203,8 @@ class UCIResults:
         c = self.config
         guide = c.guide + (f" (rank {c.rank})" if c.guide == "lowrank" else "")
         lines.append(
-            f"{c.epochs} epochs, batch {c.batch_size or 'full'}, Adam lr {c.lr:g}; "
+            f"{c.epochs} epochs, batch {c.batch_size or 'full'}, Adam lr {c.lr:g} under fit's "
+            "default learning-rate schedule; "
             f"BNN: {guide} guide, reparam {c.reparam}, initial σ {c.init_scale:g}, "
             f"β 0 for the first {c.hold:.0%} of the epochs, then linear to {c.beta:g} over "
             f"the next {c.warmup:.0%}; "

@@ -88,7 +88,9 @@ class InverseTimeDecay:
     falls as the inverse of the steps taken is the classical stochastic-approximation
     schedule (Robbins and Monro 1951): it averages the gradient noise away at the rate the
     noise allows, where a cosine spends its last steps at rates too small to move the
-    parameters. ``fit``'s default.
+    parameters. ``fit``'s default, ``start=0.7``: under ``fit``'s default β, which reaches 1
+    half-way, the scales need a few hundred steps at the full rate to move from where the
+    β < 1 phase left them before the rate falls.
 
     Args:
         epochs: :math:`E`, the length of the fit.
@@ -97,7 +99,7 @@ class InverseTimeDecay:
     """
 
     epochs: float
-    start: float = 0.5
+    start: float = 0.7
     floor: float = 0.01
 
     def __post_init__(self) -> None:

@@ -27,6 +27,7 @@ from torch import nn
 from ..nn import initial_values
 from .devices import cuda_devices, device_of
 from .files import MODEL, read_file, write_atomic
+from .sites import model_in_plates
 
 __all__ = ["load", "save"]
 
@@ -108,7 +109,7 @@ def trace_params(model, guide, args: tuple, kwargs: dict) -> dict[str, torch.Ten
         poutine.trace(param_only=True) as capture,
     ):
         guide_trace = poutine.trace(guide).get_trace(*args, **kwargs)
-        poutine.replay(model, trace=guide_trace)(*args, **kwargs)
+        poutine.replay(model_in_plates(model, guide)[0], trace=guide_trace)(*args, **kwargs)
     return {name: site["value"].unconstrained() for name, site in capture.trace.nodes.items()}
 
 

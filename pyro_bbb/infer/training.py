@@ -126,7 +126,7 @@ def fit(
             parameter group's initial rate, set before every step; a number, a constant
             factor (``1.0``: a constant rate); or a ``torch.optim.lr_scheduler`` class, or a
             ``functools.partial`` of one with its options, built on the optimiser and stepped
-            at the end of every epoch. ``None`` (the default) keeps ``lr`` for the first half
+            at the end of every epoch. ``None`` (the default) keeps ``lr`` for the first 70 %
             of the epochs, then decays it as the inverse of the steps to 1 % of it at the
             last epoch (:class:`~pyro_bbb.infer.lr_schedules.InverseTimeDecay`): with one
             weight sample per step the posterior's scales settle only once the rate falls.

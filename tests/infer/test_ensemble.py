@@ -238,3 +238,17 @@ def test_ensembles_are_named_after_their_members_guide_in_the_param_store():
     store = pyro.get_param_store()
     assert store["small.members.locs.0.weight"].shape == (2, 1, 6, 2)
     assert store["large.members.locs.0.weight"].shape == (3, 1, 6, 2)
+
+
+def test_a_saved_ensemble_loads_into_a_fresh_one(tmp_path):
+    pyro.clear_param_store()
+    model, x, y = regression()
+    ensemble = Ensemble(model, lambda m: LowRankGuide(m, rank=2), k=3)
+    bbb.fit(model, ensemble, x, y, epochs=5, seed=0, progress=False)
+    bbb.save(tmp_path / "ensemble.pt", model, ensemble)
+    saved = {name: loc.clone() for name, (loc, _) in ensemble.marginals().items()}
+    pyro.clear_param_store()
+    fresh = Ensemble(model, lambda m: LowRankGuide(m, rank=2), k=3)
+    bbb.load(tmp_path / "ensemble.pt", model, fresh)
+    for name, (loc, _) in fresh.marginals().items():
+        assert torch.equal(loc, saved[name]), name
