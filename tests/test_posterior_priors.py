@@ -256,6 +256,7 @@ def test_a_carried_prior_follows_the_model_to_the_gpu():
     assert out.device.type == "cuda"
 
 
+@pytest.mark.slow
 def test_multi_head_networks_take_a_carried_body_and_fresh_heads():
     body = nn.Sequential(nn.Linear(3, 4), nn.Tanh())
     net = bbb.bayesianize(bbb.nn.MultiHead(body, [nn.Linear(4, 1), nn.Linear(4, 1)]))
