@@ -1,9 +1,9 @@
-"""Weight priors, and how a prior specification becomes a site's distribution.
+"""The prior families, and what a prior specification must provide.
 
-This module holds the prior families (:class:`Gaussian`, :class:`ScaleMixture`,
-:class:`FanInGaussian`) and :func:`resolve_prior`, which picks a prior for a parameter by
-name pattern. :func:`from_guide`, a trained guide's posterior as the next prior, is defined in
-:mod:`pyro_bbb.priors.posterior` and exported here. It knows nothing of inference.
+This module holds the families (:class:`Gaussian`, :class:`ScaleMixture`,
+:class:`FanInGaussian`) and the :class:`Prior` protocol they follow. How a layer picks one of
+them for each site by name is :mod:`~pyro_bbb.priors.matching`; a trained guide's posterior as
+the next prior is :mod:`~pyro_bbb.priors.posterior`. It knows nothing of inference.
 
 A *prior specification* is a small object with one method,
 ``site_distribution(shape, fan_in=..., device=..., dtype=...)``, that returns the
@@ -16,17 +16,16 @@ it once per device and dtype instead of on every pass. The priors here are cache
 immutable; to change a layer's prior, assign a new one to ``layer.priors[name]``.
 
 A prior may also tie a site to others: one with a non-empty ``joint_sites`` (the names of the
-sites it is jointly distributed with, as :func:`from_guide` makes for a low-rank block) is
-called with ``drawn={site: value}``, the values of those sites that the model has already
-drawn in the current run, and returns the site's conditional given them. A prior with an
-``initial_loc`` tensor (a carried posterior) gives the default initial mean of a guide.
+sites it is jointly distributed with, as :func:`~pyro_bbb.priors.from_guide` makes for a
+low-rank block) is called with ``drawn={site: value}``, the values of those sites that the
+model has already drawn in the current run, and returns the site's conditional given them. A
+prior with an ``initial_loc`` tensor (a carried posterior) gives the default initial mean of a
+guide.
 """
 
 from __future__ import annotations
 
-import fnmatch
 import math
-from collections.abc import Mapping
 from typing import Protocol, runtime_checkable
 
 import pyro.distributions as dist
@@ -35,18 +34,8 @@ from pyro.distributions import constraints
 from torch.distributions.utils import broadcast_all
 
 from .._validation import check_int, check_number, check_positive_number
-from .posterior import PosteriorPrior, from_guide
 
-__all__ = [
-    "FanInGaussian",
-    "Gaussian",
-    "PosteriorPrior",
-    "Prior",
-    "PriorSpec",
-    "ScaleMixture",
-    "from_guide",
-    "resolve_prior",
-]
+__all__ = ["FanInGaussian", "Gaussian", "Prior", "ScaleMixture"]
 
 
 @runtime_checkable
@@ -58,10 +47,6 @@ class Prior(Protocol):
     ) -> dist.TorchDistribution:
         """Return the prior of one parameter of shape ``shape`` (all dims are event dims)."""
         ...
-
-
-PriorSpec = Prior | Mapping[str, Prior]
-"""A single prior for every site, or a mapping from ``fnmatch`` patterns to priors."""
 
 
 class _Immutable:
@@ -259,45 +244,3 @@ class ScaleMixture(dist.TorchDistribution):
                 f"sigma2={self.sigma2.item():g})"
             )
         return f"ScaleMixture(batch_shape={tuple(self.batch_shape)})"
-
-
-def resolve_prior(spec: PriorSpec, site: str) -> Prior:
-    """Pick the prior of one site from a specification.
-
-    Args:
-        spec: One prior for every site, or a mapping from ``fnmatch`` patterns (matched
-            against the full site name, e.g. ``"fc1.weight"``, ``"*.bias"``, ``"0.*"``) to
-            priors; the first matching pattern in the mapping's order wins.
-        site: The full site name.
-
-    Returns:
-        The prior for ``site``.
-
-    Raises:
-        ValueError: If no pattern matches ``site``, or a value is not a prior.
-    """
-    if isinstance(spec, Mapping):
-        for pattern, prior in spec.items():
-            if fnmatch.fnmatchcase(site, pattern):
-                return _check_prior(prior, f"prior[{pattern!r}]")
-        if isinstance(spec, PosteriorPrior):
-            raise ValueError(
-                f"prior: the posterior from_guide({spec.source}) has no site {site!r}; its "
-                f"sites are {list(spec)}. A new site needs its own prior, e.g. "
-                "{**from_guide(guide), '*': Gaussian(1.0)}"
-            )
-        raise ValueError(
-            f"prior: no pattern matches site {site!r}; patterns are {list(spec)}. "
-            "Add a catch-all '*' entry last."
-        )
-    return _check_prior(spec, "prior")
-
-
-def _check_prior(prior: object, where: str) -> Prior:
-    # A class such as Gaussian passes the protocol check (it has the method) but is no prior.
-    if isinstance(prior, type) or not isinstance(prior, Prior):
-        raise ValueError(
-            f"{where} must be a prior such as Gaussian(1.0) or ScaleMixture(0.5, 1.0, 0.0025) "
-            f"(an object with a site_distribution method), got {prior!r}"
-        )
-    return prior

@@ -1,11 +1,10 @@
-"""Tests of pyro_bbb.priors: the prior families and how a prior spec reaches each site."""
+"""Tests of pyro_bbb.priors.families: the prior families, their densities and checks."""
 
 from __future__ import annotations
 
 import math
 
 import numpy as np
-import pyro
 import pytest
 import torch
 from hypothesis import given, settings
@@ -13,7 +12,7 @@ from hypothesis import strategies as st
 from torch import nn
 
 from pyro_bbb import bayesianize
-from pyro_bbb.priors import FanInGaussian, Gaussian, ScaleMixture, resolve_prior
+from pyro_bbb.priors import FanInGaussian, Gaussian, ScaleMixture
 
 from ..support import scaled
 
@@ -38,19 +37,6 @@ def _mixture_cdf(w: torch.Tensor, pi: float, sigma1: float, sigma2: float) -> to
         return 0.5 * (1 + torch.erf(z / math.sqrt(2)))
 
     return pi * phi(w / sigma1) + (1 - pi) * phi(w / sigma2)
-
-
-def _linear_net() -> nn.Module:
-    class Net(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.fc1 = nn.Linear(3, 4)
-            self.fc2 = nn.Linear(4, 2)
-
-        def forward(self, x):
-            return self.fc2(torch.relu(self.fc1(x)))
-
-    return Net()
 
 
 # --- ScaleMixture.log_prob ------------------------------------------------------------------
@@ -243,21 +229,6 @@ def test_fan_in_gaussian_rejects_non_positive_gain(gain):
         FanInGaussian(gain)
 
 
-def test_resolve_prior_rejects_an_object_that_is_not_a_prior():
-    with pytest.raises(ValueError, match=r"prior\['\*'\] must be a prior"):
-        resolve_prior({"*": 1.0}, "fc1.weight")
-    with pytest.raises(ValueError, match=r"prior must be a prior"):
-        resolve_prior("gaussian", "fc1.weight")
-
-
-@pytest.mark.parametrize("cls", [Gaussian, ScaleMixture, FanInGaussian])
-def test_bayesianize_rejects_a_prior_class_instead_of_an_instance(cls):
-    with pytest.raises(ValueError, match=r"prior must be a prior such as Gaussian\(1.0\)"):
-        bayesianize(_linear_net(), cls)
-    with pytest.raises(ValueError, match=r"prior\['\*'\] must be a prior"):
-        bayesianize(_linear_net(), {"*": cls})
-
-
 # --- FanInGaussian through bayesianize -----------------------------------------------------
 
 
@@ -289,49 +260,6 @@ def test_fan_in_gaussian_rejects_zero_fan_in():
         FanInGaussian().site_distribution(
             torch.Size([2]), fan_in=0, device=torch.device("cpu"), dtype=torch.float32
         )
-
-
-# --- per-site priors by pattern ------------------------------------------------------------
-
-
-def test_prior_patterns_put_each_prior_on_its_sites():
-    mixture = ScaleMixture(0.5, 1.0, 0.0025)
-    net = bayesianize(_linear_net(), {"*.bias": Gaussian(10.0), "*": mixture})
-    trace = pyro.poutine.trace(net).get_trace(torch.randn(5, 3))
-    sites = {name: site["fn"] for name, site in trace.nodes.items() if site["type"] == "sample"}
-    assert set(sites) == {"fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"}
-    for name in ("fc1.bias", "fc2.bias"):
-        base = sites[name].base_dist
-        assert isinstance(base, torch.distributions.Normal)
-        torch.testing.assert_close(base.scale, torch.full_like(base.scale, 10.0))
-    for name in ("fc1.weight", "fc2.weight"):
-        base = sites[name].base_dist
-        assert isinstance(base, ScaleMixture)
-        assert base.pi.unique().tolist() == [0.5]
-        assert base.sigma2.unique().tolist() == pytest.approx([0.0025])
-
-
-def test_prior_patterns_first_match_wins_in_mapping_order():
-    net = bayesianize(
-        _linear_net(), {"fc1.*": Gaussian(3.0), "*.weight": Gaussian(0.5), "*": Gaussian(1.0)}
-    )
-    assert net.fc1.priors["weight"].scale == 3.0
-    assert net.fc1.priors["bias"].scale == 3.0
-    assert net.fc2.priors["weight"].scale == 0.5
-    assert net.fc2.priors["bias"].scale == 1.0
-
-
-def test_prior_patterns_without_a_match_raise_naming_the_site():
-    with pytest.raises(ValueError, match=r"no pattern matches site 'fc2\.weight'"):
-        bayesianize(_linear_net(), {"fc1.*": Gaussian(1.0)})
-
-
-def test_default_prior_is_a_unit_gaussian_on_every_site():
-    net = bayesianize(_linear_net())
-    for layer in (net.fc1, net.fc2):
-        for param in ("weight", "bias"):
-            scale = _prior_scale(layer, param)
-            torch.testing.assert_close(scale, torch.ones_like(scale))
 
 
 @pytest.mark.parametrize("pi", [torch.tensor(0.0), torch.tensor(1.0), torch.tensor([0.3, 1.0])])
