@@ -1,21 +1,21 @@
-"""Training: :func:`fit` and the :class:`Callback` hooks.
+"""Training: :func:`fit`, a short loop over the named parts of a run.
 
-``fit`` is a plain loop over :class:`~pyro_bbb.infer.elbo.AnnealedELBO` estimates with one
-``torch.optim`` optimiser over every parameter of the model and guide (Pyro's ``PyroOptim``
-builds one optimiser per parameter, which costs more than the network on small models). It
-is ``pyro.infer.SVI``'s ``step`` written out, so that β can change per step, the ELBO's parts
-are recorded, and hooks can act between the backward pass and the update. Data-parallel
-training (:mod:`~pyro_bbb.training.distributed`) and checkpoints
-(:mod:`~pyro_bbb.training.checkpoint`) live in their own modules; ``fit`` calls them at marked
-points.
+``fit`` is a plain loop over optimiser steps on :class:`~pyro_bbb.infer.elbo.AnnealedELBO`
+estimates (:class:`~pyro_bbb.training.steps.Steps`, ``pyro.infer.SVI``'s ``step`` written
+out) with one ``torch.optim`` optimiser over every parameter of the model and guide
+(:mod:`~pyro_bbb.training.optimizers`). Each concern of a run is a part with a name, read
+and tested on its own: the minibatches (:mod:`~pyro_bbb.training.minibatches`), the process
+group (:mod:`~pyro_bbb.training.distributed`), checkpoints and resuming
+(:mod:`~pyro_bbb.training.checkpoint`), the hooks (:mod:`~pyro_bbb.training.callbacks`) and
+the collapse check (:mod:`~pyro_bbb.infer.collapse`); this module sets them up in order and
+runs the epochs.
 """
 
 from __future__ import annotations
 
 import os
 import sys
-import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import pyro
@@ -27,35 +27,18 @@ from .._devices import cuda_devices, device_of
 from .._validation import check_int, check_positive_number
 from ..infer.collapse import FRACTION_THRESHOLD as COLLAPSE_FRACTION
 from ..infer.collapse import CollapseMonitor, diagnose_collapse, warn_if_collapsed
-from ..infer.elbo import AnnealedELBO, ELBOTerms
+from ..infer.elbo import AnnealedELBO
 from ..infer.reparam import estimator
 from ..infer.schedules import ScheduleLike, as_schedule, delayed_warmup
+from .callbacks import Callback
 from .checkpoint import Checkpointing, FitState
-from .distributed import data_parallel
+from .distributed import DataParallel, data_parallel
 from .history import History
-from .minibatches import check_likelihood_scale, make_batches
+from .minibatches import Batches, check_likelihood_scale, make_batches
+from .optimizers import OptimizerSpec, make_optimizer
+from .steps import EpochRecord, Steps
 
-__all__ = ["Callback", "fit"]
-
-
-class Callback:
-    """Hooks into :func:`fit`. Override the ones you need; all default to doing nothing."""
-
-    def on_fit_start(self, params: Sequence[torch.Tensor], history: History) -> None:
-        """Called once, after the guide is set up and before the first step."""
-
-    def on_after_backward(self, params: Sequence[torch.Tensor], step: int) -> None:
-        """Called between ``loss.backward()`` and ``optimizer.step()`` (e.g. to clip).
-
-        In a data-parallel fit the gradients are already averaged over processes here.
-        """
-
-    def on_epoch_end(self, epoch: int, history: History) -> bool | None:
-        """Called after each epoch's record is appended; return ``True`` to stop training."""
-        return None
-
-
-OptimizerSpec = type[torch.optim.Optimizer] | Callable[[list[torch.Tensor]], torch.optim.Optimizer]
+__all__ = ["fit"]
 
 
 def fit(
@@ -165,6 +148,7 @@ def fit(
         FloatingPointError: When the loss becomes NaN or inf, naming the epoch, step and
             the sites whose terms are not finite.
     """
+    # the run: its options, processes, checkpoints, device, seed and data
     check_int("epochs", epochs)
     check_int("batch_size", batch_size, optional=True)
     check_positive_number("lr", lr)
@@ -174,6 +158,57 @@ def fit(
     saving = Checkpointing(
         checkpoint, checkpoint_every, resume, epochs=epochs, world_size=parallel.world_size
     )
+    data_device, seed = _place(model, guide, device, seed, parallel)
+    batches = make_batches(
+        model, x, y, batch_size, shuffle, data_device,
+        seed=saving.order_seed(seed), rank=parallel.rank, world_size=parallel.world_size,
+    )  # fmt: skip
+
+    # the objective, the parameters it creates, the optimiser, where the fit starts from
+    elbo = AnnealedELBO(schedule(0.0), num_particles=num_particles)
+    first = next(iter(batches()))
+    check_likelihood_scale(model, first, batches.num_data)
+    named, params = _parameters(model, guide, elbo, handler, first)
+    optim = make_optimizer(optimizer, params, lr)
+    parallel.broadcast_(params)  # every process starts from rank 0's parameters
+    history = History(num_data=batches.num_data)
+    state = FitState(model, guide, named, params, optim, history, batches.seed, first)
+    _resume_or_seed(state, saving, parallel, seed)
+    monitor = CollapseMonitor(model, guide, *first)
+
+    # the epochs
+    callbacks = list(callbacks)
+    for callback in callbacks:
+        callback.on_fit_start(params, history)
+    show = (sys.stderr.isatty() if progress is None else progress) and parallel.is_main
+    bar = _Progress(epochs, show, initial=len(history))
+    done = history.steps[-1] if history.steps else 0
+    steps = Steps(model, guide, elbo, handler, optim, params, parallel, callbacks, step=done)
+    for epoch in range(len(history), epochs):
+        record = steps.epoch(batches, epoch, schedule)
+        _append(history, record, collapsed=monitor.fraction())
+        bar.update(record, elbo.beta)
+        stop = any(callback.on_epoch_end(epoch, history) for callback in callbacks)
+        saving.after_epoch(state, parallel, final=stop or epoch == epochs - 1)
+        if stop:
+            break
+    bar.close()
+    if parallel.is_main:
+        _check_collapse(model, guide, history, batches)
+    return history
+
+
+# ----------------------------------------------------------------------------- the parts
+def _place(
+    model: object, guide: object, device, seed: int | None, parallel: DataParallel
+) -> tuple[torch.device, int | None]:
+    """Move model and guide to this process's device and seed; return the data's device.
+
+    Under ``torch.distributed`` the device is the process's own (its local CUDA device) and
+    the seed is rank 0's (drawn there when ``None``), so that every process builds the same
+    initialisation. Returns the device the data go to and the seed, set in Pyro, torch,
+    Python and NumPy.
+    """
     device = parallel.device(device)
     if device is not None:
         _move(model, device)
@@ -182,96 +217,70 @@ def fit(
     seed = parallel.shared_seed(seed, data_device)
     if seed is not None:
         pyro.set_rng_seed(seed)
-    batches = make_batches(
-        model, x, y, batch_size, shuffle, data_device,
-        seed=saving.order_seed(seed), rank=parallel.rank, world_size=parallel.world_size,
-    )  # fmt: skip
+    return data_device, seed
 
-    elbo = AnnealedELBO(schedule(0.0), num_particles=num_particles)
-    first = next(iter(batches()))
-    check_likelihood_scale(model, first, batches.num_data)
-    # Find the parameters (creating the guide's) without using up random numbers: the first
-    # step then draws what SVI's first step would draw from the same seed.
+
+def _parameters(
+    model, guide, elbo: AnnealedELBO, handler, batch
+) -> tuple[dict[str, torch.Tensor], list[torch.Tensor]]:
+    """Every parameter by param-store name, and the distinct trainable ones, in order.
+
+    One evaluation of the ELBO on ``batch`` creates the guide's parameters; it runs under a
+    forked random state, so the first step then draws what ``SVI``'s first step would draw
+    from the same seed.
+
+    Raises:
+        ValueError: If the model and guide have no trainable parameter.
+    """
     with (
         torch.random.fork_rng(devices=cuda_devices(model, guide)),
         handler(),
         poutine.trace(param_only=True) as capture,
         torch.no_grad(),
     ):
-        elbo.terms(model, guide, *first)
+        elbo.terms(model, guide, *batch)
     named = {name: site["value"].unconstrained() for name, site in capture.trace.nodes.items()}
     params = [p for p in _unique(named.values()) if p.requires_grad]
     if not params:
         raise ValueError("the model and guide have no trainable parameters")
-    optim = _make_optimizer(optimizer, params, lr)
-    parallel.broadcast_(params)  # every process starts from rank 0's parameters
-    history = History(num_data=batches.num_data)
-    state = FitState(model, guide, named, params, optim, history, batches.seed, first)
-    if saving.resumed is not None:
-        saving.restore(state, parallel.rank)  # parameters, optimiser, History, random states
-    else:
-        parallel.seed_noise(seed)  # shared initialisation, Monte Carlo noise per process
-    monitor = CollapseMonitor(model, guide, *first)
+    return named, params
 
-    callbacks = list(callbacks)
-    for callback in callbacks:
-        callback.on_fit_start(params, history)
-    show = (sys.stderr.isatty() if progress is None else progress) and parallel.is_main
-    bar = _progress(epochs, show, initial=len(history))
-    step = history.steps[-1] if history.steps else 0
-    for epoch in range(len(history), epochs):
-        start = time.perf_counter()
-        parts: list[torch.Tensor] = []  # (loss, nll, kl) of each step, summed at epoch end
-        betas = 0.0
-        num_steps = len(batches)
-        for i, batch in enumerate(batches(epoch)):
-            elbo.beta = schedule(epoch + i / num_steps)
-            try:
-                with handler():
-                    terms = elbo.terms(model, guide, *batch)
-            except ValueError as error:  # Pyro's validation found a NaN or bad parameter
-                unvalidated = _unvalidated_terms(elbo, model, guide, handler, batch)
-                if unvalidated is None:
-                    raise
-                raise _non_finite(unvalidated, epoch, i, step) from error
-            if not torch.isfinite(terms.loss):
-                raise _non_finite(terms, epoch, i, step)
-            optim.zero_grad(set_to_none=True)
-            terms.loss.backward()
-            parallel.average_gradients_(params)  # before the callbacks: they see the mean
-            for callback in callbacks:
-                callback.on_after_backward(params, step)
-            optim.step()
-            parts += (terms.loss.detach(), terms.nll.detach(), terms.kl.detach())
-            betas += terms.beta
-            step += 1
-        steps_done = len(parts) // 3
-        if not steps_done:
-            raise ValueError(f"epoch {epoch}: the data yielded no minibatch")
-        means = torch.stack(parts).to(torch.float64).reshape(steps_done, 3).mean(0)
-        loss, nll, kl = parallel.mean(means).tolist()  # the same History on every process
-        history.loss.append(loss)
-        history.loss_per_datum.append(loss / history.num_data)
-        history.nll.append(nll)
-        history.kl.append(kl)
-        history.beta.append(betas / steps_done)
-        history.seconds.append(time.perf_counter() - start)
-        history.steps.append(step)
-        history.collapsed.append(monitor.fraction())
-        if bar is not None:
-            bar.update(1)
-            bar.set_postfix(
-                loss=f"{loss:.4g}", nll=f"{nll:.4g}", kl=f"{kl:.4g}", beta=f"{elbo.beta:.2g}"
-            )
-        stop = any(callback.on_epoch_end(epoch, history) for callback in callbacks)
-        saving.after_epoch(state, parallel, final=stop or epoch == epochs - 1)
-        if stop:
-            break
-    if bar is not None:
-        bar.close()
-    if parallel.is_main and history.collapsed and history.collapsed[-1] >= COLLAPSE_FRACTION:
-        warn_if_collapsed(diagnose_collapse(model, guide, *batches.sample(2048)))
-    return history
+
+def _resume_or_seed(
+    state: FitState, saving: Checkpointing, parallel: DataParallel, seed: int | None
+) -> None:
+    """Continue a checkpoint (parameters, optimiser, History, random states), or seed the noise.
+
+    A fresh fit seeds each process's Monte Carlo noise with ``seed + rank`` after the shared
+    initialisation.
+    """
+    if saving.resumed is not None:
+        saving.restore(state, parallel.rank)
+    else:
+        parallel.seed_noise(seed)
+
+
+def _append(history: History, record: EpochRecord, *, collapsed: float) -> None:
+    """Append one epoch to every list of ``history``."""
+    history.loss.append(record.loss)
+    history.loss_per_datum.append(record.loss / history.num_data)
+    history.nll.append(record.nll)
+    history.kl.append(record.kl)
+    history.beta.append(record.beta)
+    history.seconds.append(record.seconds)
+    history.steps.append(record.steps)
+    history.collapsed.append(collapsed)
+
+
+def _check_collapse(model, guide, history: History, batches: Batches) -> None:
+    """Warn with :class:`~pyro_bbb.PosteriorCollapseWarning` if the fit ended collapsed.
+
+    The per-epoch fraction of weights at their prior decides whether to look; the diagnosis
+    then compares the predictive mean's residual on up to 2,048 training points with a
+    nearest-neighbour average's.
+    """
+    if history.collapsed and history.collapsed[-1] >= COLLAPSE_FRACTION:
+        warn_if_collapsed(diagnose_collapse(model, guide, *batches.sample(2048)), stacklevel=4)
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -287,66 +296,26 @@ def _unique(tensors: Iterable[torch.Tensor]) -> list[torch.Tensor]:
     return list(seen.values())
 
 
-_FUSED_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+class _Progress:
+    """A tqdm bar over the epochs with the last epoch's losses, or nothing if not shown."""
 
+    def __init__(self, epochs: int, show: bool, initial: int = 0) -> None:
+        self._bar = None
+        if show:
+            from tqdm.auto import tqdm
 
-def _make_optimizer(
-    spec: OptimizerSpec | None, params: list[torch.Tensor], lr: float
-) -> torch.optim.Optimizer:
-    if spec is None:
-        # The fused kernel is the same algorithm in one pass over every tensor: on a small
-        # network Adam's per-tensor loop costs as much as the network itself.
-        fused = (
-            all(p.dtype in _FUSED_DTYPES and p.device.type in ("cpu", "cuda") for p in params)
-            and len({p.device for p in params}) == 1
-        )
-        return torch.optim.Adam(params, lr=lr, fused=fused or None)
-    if isinstance(spec, type) and issubclass(spec, torch.optim.Optimizer):
-        return spec(params, lr=lr)
-    if callable(spec):
-        optim = spec(params)
-        if not isinstance(optim, torch.optim.Optimizer):
-            raise TypeError(
-                f"optimizer(params) must return a torch.optim.Optimizer, got {type(optim).__name__}"
+            self._bar = tqdm(
+                total=epochs, initial=initial, desc="fit", unit="epoch", dynamic_ncols=True
             )
-        return optim
-    raise TypeError(
-        "optimizer must be a torch.optim.Optimizer class or a function params -> optimizer, "
-        f"got {spec!r}"
-    )
 
+    def update(self, record: EpochRecord, beta: float) -> None:
+        if self._bar is not None:
+            self._bar.update(1)
+            self._bar.set_postfix(
+                loss=f"{record.loss:.4g}", nll=f"{record.nll:.4g}", kl=f"{record.kl:.4g}",
+                beta=f"{beta:.2g}",
+            )  # fmt: skip
 
-def _progress(epochs: int, show: bool, initial: int = 0):
-    if not show:
-        return None
-    from tqdm.auto import tqdm
-
-    return tqdm(total=epochs, initial=initial, desc="fit", unit="epoch", dynamic_ncols=True)
-
-
-def _unvalidated_terms(elbo, model, guide, handler, batch) -> ELBOTerms | None:
-    """A step's ELBO terms without Pyro's validation, if they show a non-finite term.
-
-    Mid-training, a validation error almost always means that a parameter went NaN or left
-    its support; evaluating the step again without validation names the sites whose terms
-    are not finite. ``None`` when that evaluation fails too or finds every term finite: the
-    original error is then the better report.
-    """
-    try:
-        with pyro.validation_enabled(False), torch.no_grad(), handler():
-            terms = elbo.terms(model, guide, *batch)
-    except Exception:
-        return None
-    if torch.isfinite(terms.loss) and all(torch.isfinite(v).all() for v in terms.sites.values()):
-        return None
-    return terms
-
-
-def _non_finite(terms, epoch: int, step_in_epoch: int, step: int) -> FloatingPointError:
-    bad = [name for name, value in terms.sites.items() if not torch.isfinite(value).all()]
-    where = f"site(s) {bad}" if bad else "no single site (the sum overflowed)"
-    return FloatingPointError(
-        f"the loss is {terms.loss.item()} at epoch {epoch}, step {step_in_epoch} (step {step} "
-        f"overall); non-finite terms at {where}. Lower lr, check the data, or use a smaller "
-        "init_scale."
-    )
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
