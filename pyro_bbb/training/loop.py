@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
 from typing import Any
 
 import pyro
@@ -200,7 +201,11 @@ def fit(
 
 # ----------------------------------------------------------------------------- the parts
 def _place(
-    model: object, guide: object, device, seed: int | None, parallel: DataParallel
+    model: object,
+    guide: object,
+    device: str | torch.device | None,
+    seed: int | None,
+    parallel: DataParallel,
 ) -> tuple[torch.device, int | None]:
     """Move model and guide to this process's device and seed; return the data's device.
 
@@ -221,7 +226,11 @@ def _place(
 
 
 def _parameters(
-    model, guide, elbo: AnnealedELBO, handler, batch
+    model: Callable[..., Any],
+    guide: Callable[..., Any],
+    elbo: AnnealedELBO,
+    handler: Callable[[], AbstractContextManager],
+    batch: tuple[torch.Tensor, ...],
 ) -> tuple[dict[str, torch.Tensor], list[torch.Tensor]]:
     """Every parameter by param-store name, and the distinct trainable ones, in order.
 
