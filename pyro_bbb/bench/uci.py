@@ -76,12 +76,12 @@ from ..infer import (
     LowRankGuide,
     MeanFieldGuide,
     RegressionPrediction,
-    fit,
     predict,
 )
 from ..likelihoods import Gaussian
 from ..model import BNN
 from ..nn import initial_values, mlp
+from ..training import fit
 from .uci_results import METHODS, SplitResult, UCIResults
 
 __all__ = ["UCIConfig", "fit_split", "run_uci"]
