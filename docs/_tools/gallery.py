@@ -68,9 +68,10 @@ GALLERY = [
     ),
     Entry(
         "vi_vs_nuts",
-        "Mean-field, low-rank and NUTS on the same model",
-        "Predictive bands of mean-field VI, low-rank VI and a converged NUTS reference (function-"
-        "space R̂ and ESS checked) on a small gap problem; the script prints the `compare` table.",
+        "Mean-field, low-rank, ensembles and NUTS on the same model",
+        "Predictive bands of mean-field VI, low-rank VI, an ensemble of five mean-field guides, "
+        "a deep ensemble of five point estimates and a converged NUTS reference (function-space "
+        "R̂ and ESS checked) on a small gap problem; the script prints the `compare` table.",
         "python examples/vi_vs_nuts.py --out vi_vs_nuts.png",
         "vi_vs_nuts.png",
         3,
