@@ -93,6 +93,7 @@ def train(method: str, split: Split, *, epochs: int, seed: int):
         epochs=epochs,
         batch_size=128,
         lr=1e-2,
+        lr_schedule=1.0,  # the constant rate the published table was made with
         beta=beta,
         reparam=reparam,
         seed=seed,
