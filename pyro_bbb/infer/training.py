@@ -30,6 +30,7 @@ from .collapse import CollapseMonitor, diagnose_collapse, warn_if_collapsed
 from .devices import cuda_devices, device_of
 from .distributed import data_parallel
 from .elbo import AnnealedELBO, ELBOTerms
+from .fused import fused_elbo
 from .history import History
 from .minibatches import check_likelihood_scale, make_batches
 from .reparam import estimator
@@ -97,6 +98,13 @@ def fit(
     ``W·batch_size``. Initialisation is shared; Monte Carlo noise is seeded ``seed + rank``.
     The History is averaged over processes and recorded on each; only rank 0 shows progress
     and writes checkpoints. :mod:`pyro_bbb.infer.distributed` has the details.
+
+    **What a step costs.** The data are checked once, and Pyro's validation (when enabled,
+    as by ``pyro.enable_validation(True)``) checks the distributions of the first step once,
+    before training; the steps then do only the arithmetic. For a :class:`~pyro_bbb.BNN`
+    under :class:`~pyro_bbb.MeanFieldGuide` or :class:`~pyro_bbb.LowRankGuide` a step
+    evaluates the same ELBO, with the same random draws, without tracing the two programs
+    (:mod:`~pyro_bbb.infer.fused`); every other model, guide or handler is traced.
 
     **Checkpoints.** ``checkpoint=PATH`` writes, atomically, every ``checkpoint_every``
     epochs and at the end, what a bit-identical resume needs: parameters, optimiser state,
@@ -192,17 +200,20 @@ def fit(
     check_likelihood_scale(model, first, batches.num_data)
     # Find the parameters (creating the guide's) without using up random numbers: the first
     # step then draws what SVI's first step would draw from the same seed.
+    # This pass is also the fit's one validated step: with Pyro's validation on, it checks
+    # the distributions of the first step; the steps of the loop do only the arithmetic.
     with (
         torch.random.fork_rng(devices=cuda_devices(model, guide)),
         handler(),
         poutine.trace(param_only=True) as capture,
         torch.no_grad(),
     ):
-        elbo.terms(model, guide, *first)
+        first_terms = elbo.terms(model, guide, *first)
     named = {name: site["value"].unconstrained() for name, site in capture.trace.nodes.items()}
     params = [p for p in _unique(named.values()) if p.requires_grad]
     if not params:
         raise ValueError("the model and guide have no trainable parameters")
+    step_terms = _step_terms(model, guide, elbo, reparam, handler, first_terms, params)
     optim = _make_optimizer(optimizer, params, lr)
     parallel.broadcast_(params)  # every process starts from rank 0's parameters
     history = History(num_data=batches.num_data)
@@ -226,14 +237,8 @@ def fit(
         num_steps = len(batches)
         for i, batch in enumerate(batches(epoch)):
             elbo.beta = schedule(epoch + i / num_steps)
-            try:
-                with handler():
-                    terms = elbo.terms(model, guide, *batch)
-            except ValueError as error:  # Pyro's validation found a NaN or bad parameter
-                unvalidated = _unvalidated_terms(elbo, model, guide, handler, batch)
-                if unvalidated is None:
-                    raise
-                raise _non_finite(unvalidated, epoch, i, step) from error
+            with pyro.validation_enabled(False):
+                terms = step_terms(*batch)
             if not torch.isfinite(terms.loss):
                 raise _non_finite(terms, epoch, i, step)
             optim.zero_grad(set_to_none=True)
@@ -324,22 +329,29 @@ def _progress(epochs: int, show: bool, initial: int = 0):
     return tqdm(total=epochs, initial=initial, desc="fit", unit="epoch", dynamic_ncols=True)
 
 
-def _unvalidated_terms(elbo, model, guide, handler, batch) -> ELBOTerms | None:
-    """A step's ELBO terms without Pyro's validation, if they show a non-finite term.
+def _step_terms(
+    model, guide, elbo: AnnealedELBO, reparam: str | None, handler, first: ELBOTerms, params
+) -> Callable[..., ELBOTerms]:
+    """The ELBO evaluation of one step: fused for our model and guides, else traced.
 
-    Mid-training, a validation error almost always means that a parameter went NaN or left
-    its support; evaluating the step again without validation names the sites whose terms
-    are not finite. ``None`` when that evaluation fails too or finds every term finite: the
-    original error is then the better report.
+    The fused evaluation (:mod:`~pyro_bbb.infer.fused`) is taken when it recognises model,
+    guide and estimator, has the sites of the set-up pass's traced evaluation ``first`` and
+    reads only parameters the optimiser trains.
     """
-    try:
-        with pyro.validation_enabled(False), torch.no_grad(), handler():
-            terms = elbo.terms(model, guide, *batch)
-    except Exception:
-        return None
-    if torch.isfinite(terms.loss) and all(torch.isfinite(v).all() for v in terms.sites.values()):
-        return None
-    return terms
+    fused = fused_elbo(model, guide, elbo, reparam)
+    trained = {id(p) for p in params}
+    if (
+        fused is not None
+        and fused.covers(first)
+        and all(id(p) in trained for p in fused.parameters())
+    ):
+        return fused.terms
+
+    def traced(*batch: torch.Tensor) -> ELBOTerms:
+        with handler():
+            return elbo.terms(model, guide, *batch)
+
+    return traced
 
 
 def _non_finite(terms, epoch: int, step_in_epoch: int, step: int) -> FloatingPointError:
