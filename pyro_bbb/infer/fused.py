@@ -149,6 +149,7 @@ def fused_elbo(
         draws = _LowRankDraws(guide, sites, elbo)
         if not draws.supported():
             return None
+    draws.splits = {None: None, "local": "variance", "flipout": "value"}[reparam]
     return FusedELBO(model, elbo, draws, _OPS[reparam])
 
 
@@ -219,9 +220,11 @@ def _add(a: torch.Tensor | None, b: torch.Tensor | None) -> torch.Tensor | None:
 
 
 def _total(terms: list[torch.Tensor]) -> torch.Tensor | None:
-    if not terms:
-        return None
-    return terms[0] if len(terms) == 1 else torch.stack(terms).sum()
+    """The sum of scalar terms; by additions, whose backward passes the gradient through."""
+    total = None
+    for term in terms:
+        total = term if total is None else total + term
+    return total
 
 
 class _GivenSplits(Messenger):
@@ -258,6 +261,10 @@ class _Draw:
 class _Draws:
     """A guide's draws and KL terms, as its traced evaluation makes them."""
 
+    #: What the estimator needs of each weight: nothing (``None``), the drawn value and its
+    #: batch-shared part (``"value"``, flipout) or also its variance (``"variance"``, local).
+    splits: str | None = None
+
     def draw(self, sample: tuple[int, ...]) -> _Draw:
         raise NotImplementedError
 
@@ -266,6 +273,15 @@ class _Draws:
 
     def term_names(self) -> Iterable[str]:
         raise NotImplementedError
+
+
+def _scale(rho: torch.Tensor, min_scale: float) -> torch.Tensor:
+    r"""The guides' :math:`\sigma = \text{softplus}(\rho) + \sigma_{\min}`, in one new tensor.
+
+    Adding in place is safe: softplus's backward reads its input, not its output.
+    """
+    scale = F.softplus(rho)
+    return scale.add_(min_scale) if min_scale else scale
 
 
 def _standard_normal(shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
@@ -320,17 +336,27 @@ class _MeanFieldDraws(_Draws):
         return how
 
     def draw(self, sample: tuple[int, ...]) -> _Draw:
-        min_scale = self._guide.min_scale
-        values, splits, kl_terms = {}, {}, {}
-        closed, sampled = [], []
+        parts = []
         for site, (loc_ref, rho_ref) in zip(self._sites, self._refs, strict=True):
             loc = loc_ref.module_value()
-            scale = F.softplus(rho_ref.module_value()) + min_scale
-            value = loc + _standard_normal((*sample, *site.shape), loc) * scale
-            values[site.name] = value
-            splits[site.name] = Split(loc, scale.pow(2), value, sample[:1])
+            scale = _scale(rho_ref.module_value(), self._guide.min_scale)
             prior = site.prior()
-            how = self._kind(site, prior, loc, scale)
+            parts.append((site, loc, scale, prior, self._kind(site, prior, loc, scale)))
+        # Local reparameterisation uses the weights' means and variances only: unless a KL
+        # term is sampled, the weights are not drawn (the traced guide draws them unused).
+        skip = self.splits == "variance" and all(how[0] != "sampled" for *_, how in parts)
+        values, splits, kl_terms = {}, {}, {}
+        closed, sampled = [], []
+        for site, loc, scale, prior, how in parts:
+            if skip:
+                value = None
+                values[site.name] = loc  # what the layer is handed; the estimator replaces it
+            else:
+                value = torch.addcmul(loc, _standard_normal((*sample, *site.shape), loc), scale)
+                values[site.name] = value
+            if self.splits:
+                variance = scale.pow(2) if self.splits == "variance" else None
+                splits[site.name] = Split(loc, variance, value, sample[:1])
             if how[0] == "scalar":
                 term = kl_to_scalar_normal(loc, scale, how[1], how[2], event_dims=site.event_dims)
                 closed.append(term)
@@ -406,26 +432,29 @@ class _LowRankDraws(_Draws):
         closed, sampled = [], []
         for block, refs in zip(self._blocks, self._refs, strict=True):
             loc, rho, factor = (ref.module_value() for ref in refs)
-            scale = F.softplus(rho) + guide.min_scale
+            scale = _scale(rho, guide.min_scale)
             size = block.size
             eps_diag = _standard_normal((*sample, size), loc)
             shared = loc
             if guide.rank:
                 eps_factor = _standard_normal((*sample, guide.rank), loc)
                 shared = loc + (factor @ eps_factor.unsqueeze(-1)).squeeze(-1)
-            theta = shared + scale * eps_diag
-            variance = scale.pow(2)
+            theta = torch.addcmul(shared, scale, eps_diag)
+            variance = scale.pow(2) if self.splits == "variance" else None
             for piece in block.slices:
                 lead = theta.shape[:-1]
                 value = theta[..., piece.start : piece.stop].reshape(*lead, *piece.shape)
                 values[piece.site] = value
-                part = shared[..., piece.start : piece.stop]
-                splits[piece.site] = Split(
-                    part.reshape(*part.shape[:-1], *piece.shape),
-                    variance[piece.start : piece.stop].reshape(piece.shape),
-                    value,
-                    sample[:1],
-                )
+                if self.splits:
+                    part = shared[..., piece.start : piece.stop]
+                    splits[piece.site] = Split(
+                        part.reshape(*part.shape[:-1], *piece.shape),
+                        None
+                        if variance is None
+                        else variance[piece.start : piece.stop].reshape(piece.shape),
+                        value,
+                        sample[:1],
+                    )
             if priors is not None:
                 term = self._closed_kl(block, loc, scale, factor, priors)
                 kl_terms[block.aux_site] = term

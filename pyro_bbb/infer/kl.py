@@ -191,13 +191,18 @@ def kl_to_scalar_normal(
     """
     dims = tuple(range(-event_dims, 0))
 
-    def total(t: torch.Tensor) -> torch.Tensor:  # over the event dims; `sum(())` sums all
+    def total(t: torch.Tensor) -> torch.Tensor:  # over the event dims
+        if event_dims == t.dim():
+            return t.sum()  # one op backward too, where a list of dims unsqueezes each
         return t.sum(dims) if event_dims else t
 
     n = math.prod(loc.shape[loc.dim() - event_dims :])
     m, s = prior_loc, prior_scale
     deviation = loc if isinstance(m, float) and m == 0.0 else loc - m
-    squares = total(scale.square()) + total(deviation.square())
+    if scale.shape == deviation.shape:
+        squares = total(scale.square() + deviation.square())
+    else:  # broadcast against each other (a parameter expanded over particles)
+        squares = total(scale.square()) + total(deviation.square())
     if isinstance(s, float):
         return squares / (2 * s * s) - total(scale.log()) + n * (math.log(s) - 0.5)
     return squares / (2 * s.square()) - total(scale.log()) + n * (s.log() - 0.5)

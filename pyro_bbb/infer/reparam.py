@@ -268,12 +268,11 @@ def local_affine(
         Pre-activation ``(*sample, batch, *out_features)``.
     """
     mean = affine(x, weight.shared, None if bias is None else bias.shared)
-    variance = None
+    b_var = None if bias is None else bias.variance
     if weight.variance is not None:
-        variance = affine(x.pow(2), weight.variance, None)
-    if bias is not None and bias.variance is not None:
-        b_var = affine.bias_view(bias.variance)
-        variance = b_var if variance is None else variance + b_var
+        variance = affine(x.pow(2), weight.variance, b_var)  # the bias's added in the product
+    else:
+        variance = None if b_var is None else affine.bias_view(b_var)
     if variance is None:
         return mean
     noise = _noise_shape(affine, x, weight, bias, affine.output_event_dims)

@@ -106,9 +106,10 @@ class LinearMap(AffineMap):
         if math.prod(w_sample) == 1 and math.prod(b_sample) == 1:
             # One weight for every example (possibly with unit sample dims, as local
             # reparameterisation's shared mean has): one fused x Wᵀ + b, as nn.Linear.
-            out = F.linear(
-                x, weight.reshape(weight.shape[-2:]), None if bias is None else bias.reshape(-1)
-            )
+            # (a reshape is one more autograd node forward and backward: only where needed)
+            weight = weight if weight.dim() == 2 else weight.reshape(weight.shape[-2:])
+            bias = bias if bias is None or bias.dim() == 1 else bias.reshape(-1)
+            out = F.linear(x, weight, bias)
             lead = broadcast_shape(x.shape[:-2], w_sample, b_sample)
             return out if out.shape[:-2] == lead else out.reshape(*lead, *out.shape[-2:])
         if len(w_sample) == 1 and x.dim() <= 3 and (x.dim() == 2 or x.shape[0] in (1, *w_sample)):
