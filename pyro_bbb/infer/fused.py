@@ -432,13 +432,16 @@ class _LowRankDraws(_Draws):
         closed, sampled = [], []
         for block, refs in zip(self._blocks, self._refs, strict=True):
             loc, rho, factor = (ref.module_value() for ref in refs)
+            # V is (d, r); every product below runs along d, which is several times faster
+            # on the transposed copy (rows of length d) than on r-wide rows.
+            factor_t = factor.mT.contiguous() if guide.rank else None
             scale = _scale(rho, guide.min_scale)
             size = block.size
             eps_diag = _standard_normal((*sample, size), loc)
             shared = loc
             if guide.rank:
                 eps_factor = _standard_normal((*sample, guide.rank), loc)
-                shared = loc + (factor @ eps_factor.unsqueeze(-1)).squeeze(-1)
+                shared = loc + eps_factor @ factor_t
             theta = torch.addcmul(shared, scale, eps_diag)
             variance = scale.pow(2) if self.splits == "variance" else None
             for piece in block.slices:
@@ -456,7 +459,7 @@ class _LowRankDraws(_Draws):
                         sample[:1],
                     )
             if priors is not None:
-                term = self._closed_kl(block, loc, scale, factor, priors)
+                term = self._closed_kl(block, loc, scale, factor, factor_t, priors)
                 kl_terms[block.aux_site] = term
                 closed.append(term)
             else:
@@ -476,7 +479,7 @@ class _LowRankDraws(_Draws):
             return dist.Normal(loc, scale, validate_args=False).to_event(1)
         return dist.LowRankMultivariateNormal(loc, factor, scale.pow(2), validate_args=False)
 
-    def _closed_kl(self, block, loc, scale, factor, priors) -> torch.Tensor:
+    def _closed_kl(self, block, loc, scale, factor, factor_t, priors) -> torch.Tensor:
         r""":math:`\mathrm{KL}(\mathcal{N}(\mu, D + VV^\top) \| \prod_j \mathcal{N}(m_j, s_j^2))`.
 
         .. math::
@@ -487,16 +490,16 @@ class _LowRankDraws(_Draws):
 
         site by site :math:`j` of the block, with :math:`\log\det(D + VV^\top) =
         \sum_i \log D_i + \log\det(I_r + V^\top D^{-1} V)` (the matrix determinant lemma):
-        :math:`O(d r^2)`, no :math:`d \times d` matrix, and ``(d, r)`` temporaries only.
+        :math:`O(d r^2)`, no :math:`d \times d` matrix. ``factor`` is :math:`V`, ``(d, r)``,
+        and ``factor_t`` its transposed copy, ``(r, d)``; both ``None`` for rank 0.
         """
-        variance = scale.pow(2)
-        spread = variance
         log_det = 2 * scale.log().sum()
-        if self._guide.rank:
-            spread = variance + factor.pow(2).sum(-1)
-            whitened = factor / scale.unsqueeze(-1)  # D^{-1/2} V, (d, r)
-            capacitance = whitened.mT @ whitened
-            capacitance.diagonal().add_(1.0)
+        if factor_t is not None:
+            whitened = factor_t * scale.reciprocal()  # V^T D^{-1/2}, (r, d)
+            capacitance = whitened @ whitened.mT
+            capacitance = capacitance + torch.eye(
+                capacitance.shape[-1], dtype=capacitance.dtype, device=capacitance.device
+            )
             tril = torch.linalg.cholesky(capacitance)
             log_det = log_det + 2 * tril.diagonal().log().sum()
         total = -block.size - log_det
@@ -504,7 +507,11 @@ class _LowRankDraws(_Draws):
             m, s = priors[piece.site]
             part = slice(piece.start, piece.stop)
             deviation = loc[part] if isinstance(m, float) and m == 0.0 else loc[part] - m
+            squares = scale[part].square() + deviation.square()
+            spread = squares.sum()
+            if factor_t is not None:
+                spread = spread + factor[part].square().sum()
             n = piece.stop - piece.start
-            total = total + (spread[part].sum() + deviation.square().sum()) / (s * s)
+            total = total + spread / (s * s)
             total = total + n * 2 * (s.log() if isinstance(s, torch.Tensor) else math.log(s))
         return 0.5 * total
