@@ -276,12 +276,8 @@ class _Draws:
 
 
 def _scale(rho: torch.Tensor, min_scale: float) -> torch.Tensor:
-    r"""The guides' :math:`\sigma = \text{softplus}(\rho) + \sigma_{\min}`, in one new tensor.
-
-    Adding in place is safe: softplus's backward reads its input, not its output.
-    """
-    scale = F.softplus(rho)
-    return scale.add_(min_scale) if min_scale else scale
+    r"""The guides' :math:`\sigma = \text{softplus}(\rho) + \sigma_{\min}`."""
+    return F.softplus(rho) + min_scale
 
 
 def _standard_normal(shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
