@@ -8,8 +8,7 @@ to per-site priors that goes wherever a prior goes (``mlp(..., prior=)``, ``baye
 mapping of patterns):
 
 * a :class:`NormalPosterior` per site from a mean-field guide (:class:`~pyro_bbb.MeanFieldGuide`,
-  Pyro's ``AutoNormal``, a :class:`~pyro_bbb.LowRankGuide` of rank 0): independent Normals with
-  the guide's means and standard deviations;
+  Pyro's ``AutoNormal``): independent Normals with the guide's means and standard deviations;
 * a :class:`BlockPosterior` per site from a :class:`~pyro_bbb.LowRankGuide`: the sites of each
   of its blocks share one :class:`~pyro_bbb.gaussian_block.GaussianBlock`, drawn site by site
   from exact conditionals.
@@ -191,8 +190,8 @@ def from_guide(guide: object) -> PosteriorPrior:
             ``{site: Normal(loc, scale).to_event(k)}``.
 
     Returns:
-        A :class:`PosteriorPrior`: :class:`NormalPosterior` per site for mean-field guides (and
-        low-rank blocks of rank 0), :class:`BlockPosterior` per site of each low-rank block.
+        A :class:`PosteriorPrior`: :class:`NormalPosterior` per site for mean-field guides,
+        :class:`BlockPosterior` per site of each low-rank block.
 
     Raises:
         ValueError: If the guide has no parameters yet, or a site is not real-valued or its
@@ -264,20 +263,10 @@ def _from_blocks(
 ) -> dict[str, object]:
     priors: dict[str, object] = {}
     for name, layout_sites in layout.items():
-        fn = posterior[name]
+        fn = posterior[name]  # a LowRankMultivariateNormal (the rank is at least 1)
         sites = {_relative(site, prefix): shape for site, shape in layout_sites.items()}
-        if isinstance(fn, torch.distributions.LowRankMultivariateNormal):
-            block = GaussianBlock(fn.loc, fn.cov_factor, fn.cov_diag, sites)
-            priors.update({site: BlockPosterior(site, block) for site in sites})
-            continue
-        loc, scale = _normal_parts(name, fn)  # a rank-0 block: independent Normals
-        start = 0
-        for site, shape in sites.items():
-            stop = start + shape.numel()
-            priors[site] = NormalPosterior(
-                site, loc[start:stop].reshape(shape), scale[start:stop].reshape(shape)
-            )
-            start = stop
+        block = GaussianBlock(fn.loc, fn.cov_factor, fn.cov_diag, sites)
+        priors.update({site: BlockPosterior(site, block) for site in sites})
     return priors
 
 

@@ -4,7 +4,6 @@ import importlib
 import importlib.util
 import os
 import re
-import shutil
 import subprocess
 import sys
 
@@ -47,10 +46,9 @@ def test_the_navigation_lists_every_api_page():
 def test_every_exported_name_is_linked_from_the_api_index():
     index = (DOCS / "api" / "index.md").read_text()
     for name in api_pages.public_modules():
-        module = importlib.import_module(name)
-        if not hasattr(module, "__path__"):
+        if not api_pages.is_package(name):
             continue
-        for public in getattr(module, "__all__", []):
+        for public in getattr(importlib.import_module(name), "__all__", []):
             assert re.search(rf"\[`{re.escape(public)}`\]\[pyro_bbb\.[\w.]+\]", index), (
                 f"{name}.{public} is not in docs/api/index.md"
             )
@@ -64,16 +62,51 @@ def test_the_gallery_page_is_what_its_script_writes_and_every_figure_exists():
         assert script is None or (REPO / script.group(0)).exists(), entry.command
 
 
-def test_the_site_builds_strictly(tmp_path):
-    if importlib.util.find_spec("mkdocs") is None or shutil.which("mkdocs") is None:
+@pytest.fixture(scope="module")
+def site(tmp_path_factory):
+    """The site, built once for this module: ``(folder, the build's CompletedProcess)``."""
+    if importlib.util.find_spec("mkdocs") is None:
         pytest.skip('needs the docs extra: pip install -e ".[docs]"')
+    folder = tmp_path_factory.mktemp("site")
     build = subprocess.run(
-        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path)],
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(folder)],
         cwd=REPO,
         capture_output=True,
         text=True,
         timeout=300,
         env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
     )
+    return folder, build
+
+
+def test_the_site_builds_strictly(site):
+    folder, build = site
     assert build.returncode == 0, build.stderr[-3000:]
-    assert (tmp_path / "api" / "index.html").exists()
+    assert (folder / "api" / "index.html").exists()
+
+
+SCRIPT_SRC = re.compile(r"""<script\b[^>]*?\bsrc=["']?([^"' >]+)""", re.IGNORECASE)
+
+
+def test_the_site_loads_no_script_from_the_network_and_ships_mathjax(site):
+    folder, build = site
+    assert build.returncode == 0, build.stderr[-3000:]
+    pages = sorted(folder.rglob("*.html"))
+    assert len(pages) > 20
+    remote = {
+        (page.relative_to(folder).as_posix(), src)
+        for page in pages
+        for src in SCRIPT_SRC.findall(page.read_text(encoding="utf-8"))
+        if re.match(r"(https?:)?//", src, re.IGNORECASE)
+    }
+    assert not remote, f"scripts loaded from the network: {sorted(remote)[:5]}"
+    # a page with maths loads the configuration, then the renderer the site ships itself
+    page = (folder / "kl_scaling" / "index.html").read_text(encoding="utf-8")
+    assert 'class="arithmatex"' in page
+    sources = SCRIPT_SRC.findall(page)
+    assert sources.index("../javascripts/mathjax.js") < sources.index(
+        "../javascripts/mathjax/tex-svg.js"
+    )
+    mathjax = folder / "javascripts" / "mathjax"
+    assert (mathjax / "tex-svg.js").stat().st_size > 1_000_000  # MathJax's bundle, not a stub
+    assert (mathjax / "input" / "tex" / "extensions" / "cancel.js").exists()  # loaded on demand

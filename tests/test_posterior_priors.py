@@ -95,15 +95,6 @@ def test_the_model_under_a_low_rank_prior_has_the_blocks_exact_log_density():
         assert torch.allclose(model_log_prior(carried, values, x), expected, rtol=1e-5)
 
 
-def test_a_rank_zero_low_rank_posterior_becomes_independent_normals():
-    model, x, y = small_model(Gaussian(1.0))
-    guide = trained(bbb.LowRankGuide(model, rank=0), model, x, y)
-    prior = from_guide(guide)
-    assert all(isinstance(p, NormalPosterior) for p in prior.values())
-    marginals = guide.quantiles([0.5])
-    assert torch.allclose(prior["2.bias"].loc, marginals["2.bias"][0])
-
-
 def test_an_auto_normal_posterior_becomes_independent_normals():
     model, x, y = small_model(Gaussian(1.0))
     guide = AutoNormal(model)
@@ -256,6 +247,7 @@ def test_a_carried_prior_follows_the_model_to_the_gpu():
     assert out.device.type == "cuda"
 
 
+@pytest.mark.slow
 def test_multi_head_networks_take_a_carried_body_and_fresh_heads():
     body = nn.Sequential(nn.Linear(3, 4), nn.Tanh())
     net = bbb.bayesianize(bbb.nn.MultiHead(body, [nn.Linear(4, 1), nn.Linear(4, 1)]))

@@ -10,6 +10,7 @@ place. ``tests/test_docs.py`` checks that the pages match the package.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import pkgutil
 import re
 import sys
@@ -36,13 +37,21 @@ def public_modules() -> list[str]:
     return names
 
 
+def is_package(module: str) -> bool:
+    """Whether ``module`` is a package, found without importing it.
+
+    A module of the NumPyro backend raises on import where JAX is missing; the pages must
+    not depend on JAX.
+    """
+    return importlib.util.find_spec(module).submodule_search_locations is not None
+
+
 def page_path(module: str) -> Path:
     """Where a module's page goes: ``pyro_bbb.infer.elbo`` -> ``docs/api/infer/elbo.md``."""
     parts = module.split(".")[1:]
     if not parts:
         return API / "pyro_bbb.md"
-    module_obj = importlib.import_module(module)
-    if hasattr(module_obj, "__path__"):  # a package: its index page
+    if is_package(module):  # a package: its index page
         return API.joinpath(*parts, "index.md")
     return API.joinpath(*parts[:-1], f"{parts[-1]}.md")
 
@@ -64,7 +73,7 @@ def _summary(obj: griffe.Object) -> str:
 
 def module_page(module: str) -> str:
     """The Markdown of one module's page: a package shows its docstring, a module everything."""
-    if hasattr(importlib.import_module(module), "__path__"):
+    if is_package(module):
         # a package re-exports; its names are documented where they are defined
         return f"::: {module}\n    options:\n      members: false\n"
     return f"::: {module}\n"
@@ -85,9 +94,10 @@ def index_page(modules: list[str]) -> str:
         "",
     ]
     for name in modules:
-        module = importlib.import_module(name)
-        exported = getattr(module, "__all__", None)
-        if not hasattr(module, "__path__") or not exported:
+        if not is_package(name):
+            continue
+        exported = getattr(importlib.import_module(name), "__all__", None)
+        if not exported:
             continue
         package = root if name == "pyro_bbb" else root[name.removeprefix("pyro_bbb.")]
         lines += [f"## `{name}`", "", "| name | what it is |", "| --- | --- |"]
@@ -108,7 +118,7 @@ def nav(modules: list[str]) -> list[str]:
         for name in modules:
             if name.rpartition(".")[0] != package:
                 continue
-            if hasattr(importlib.import_module(name), "__path__"):
+            if is_package(name):
                 lines.append(f"{pad}- {name}:")
                 lines += entries(name, depth + 1)
             else:

@@ -55,9 +55,12 @@ PUBLISHED_SOURCES: dict[str, str]
 """Where each column of :data:`PUBLISHED` comes from: ``{method: paper and table}``."""
 
 PUBLISHED: Figures
-"""Published test RMSE and log-likelihood per point, ``{metric: {data set: {method: (mean,
-standard error)}}}``, for the standard 20 splits and one hidden layer of 50 units; data-set
-keys are the folder names (``"wine"`` is red wine). Sources: :data:`PUBLISHED_SOURCES`."""
+"""Published test RMSE and log-likelihood per point (higher is better), ``{metric: {data set:
+{method: (mean, standard error)}}}``, in original units at the two decimals printed, for the
+nine standard sets (boston, concrete, energy, kin8nm, naval, power, protein, wine, yacht) under
+the standard protocol (20 splits, one hidden layer of 50 units; protein 5 splits, 100 units);
+the deep ensembles' spread is the standard deviation over splits, as published. Data-set keys
+are the folder names (``"wine"`` is red wine). Sources: :data:`PUBLISHED_SOURCES`."""
 
 PUBLISHED_SOURCES, PUBLISHED = _load_published()
 
@@ -190,7 +193,7 @@ class UCIResults:
                 cells = [dataset, str(splits)]
                 cells += [_format(by_method[m][metric]) for m in self.methods]
                 figures = PUBLISHED[metric].get(dataset, {})
-                cells += [_format(figures[p]) if p in figures else "–" for p in published]
+                cells += [_format(figures[p], 2) if p in figures else "–" for p in published]
                 lines.append("| " + " | ".join(cells) + " |")
             lines.append("")
         c = self.config
@@ -232,6 +235,15 @@ class UCIResults:
         return md, js
 
 
-def _format(value: tuple[float, float]) -> str:
+def _format(value: tuple[float, float], decimals: int | None = None) -> str:
+    """``mean ± spread`` at ``decimals`` places.
+
+    By default two, or two significant digits of a mean below 0.1: naval's RMSE, about
+    0.001–0.005 in its original units, would otherwise print as ``0.00 ± 0.00``. The published
+    figures are printed at two decimals, as published.
+    """
     mean, se = value
-    return f"{mean:.2f} ± {se:.2f}"
+    if decimals is None:
+        size = abs(mean)
+        decimals = 2 if size == 0 or size >= 0.1 else 1 - math.floor(math.log10(size))
+    return f"{mean:.{decimals}f} ± {se:.{decimals}f}"

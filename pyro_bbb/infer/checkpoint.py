@@ -11,7 +11,11 @@ have taken:
 * the :class:`~pyro_bbb.History` so far, whose length is the number of epochs done (β's
   schedule is a function of the epoch, so it continues where it stopped);
 * every random state: torch's (and CUDA's), Python's and NumPy's of each process, and the
-  seed of the minibatch order (:func:`~pyro_bbb.infer.minibatches.epoch_order`).
+  seed of the minibatch order (:func:`~pyro_bbb.infer.minibatches.epoch_order`);
+* the options that decide which steps are taken (:func:`fit_options`: ``batch_size``,
+  ``shuffle``, ``num_particles``, ``reparam``). A resume with another value of one of them
+  is refused, naming both values: it would train on silently, but could no longer give the
+  uninterrupted fit's result.
 
 The file is written atomically by rank 0 (:func:`~pyro_bbb.infer.files.write_atomic`);
 every process reads it to resume. Nothing here trains.
@@ -26,6 +30,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch.utils.data import DataLoader
 
 from .._validation import check_int
 from .distributed import DataParallel
@@ -33,7 +38,30 @@ from .files import CHECKPOINT, read_file, write_atomic
 from .history import History
 from .serialization import capture, match
 
-__all__ = ["Checkpointing", "FitState", "get_rng_state", "set_rng_state"]
+__all__ = ["Checkpointing", "FitState", "fit_options", "get_rng_state", "set_rng_state"]
+
+
+def fit_options(
+    x: Any, *, batch_size: int | None, shuffle: bool, num_particles: int, reparam: str | None
+) -> dict[str, Any]:
+    """The options of :func:`~pyro_bbb.fit` that a resume must repeat to be bit-identical.
+
+    Each changes the steps taken: the minibatches (``batch_size``, ``shuffle``), the Monte
+    Carlo draws (``num_particles``) or the gradient estimator (``reparam``). For a
+    ``DataLoader`` the batch size is the loader's, and its order is its own (``shuffle`` is
+    ``None``).
+
+    Returns:
+        ``{option: value}``, stored in every checkpoint and compared on resuming.
+    """
+    if isinstance(x, DataLoader):
+        batch_size, shuffle = x.batch_size, None
+    return {
+        "batch_size": batch_size,
+        "shuffle": shuffle,
+        "num_particles": num_particles,
+        "reparam": reparam,
+    }
 
 
 @dataclass
@@ -77,12 +105,14 @@ class Checkpointing:
         resume: Checkpoint to continue from, or ``None``; read here, on every process.
         epochs: The fit's total number of epochs.
         world_size: The number of processes of this fit.
+        options: This fit's :func:`fit_options`, written into checkpoints and compared with
+            the ``resume`` file's.
 
     Raises:
         ValueError: ``checkpoint_every`` not a positive int or without ``checkpoint``; a
             ``checkpoint`` folder that does not exist; a ``resume`` file that is not a
-            checkpoint, was written by another number of processes, or has done more
-            epochs than ``epochs``.
+            checkpoint, was written by another number of processes or with another value
+            of one of the :func:`fit_options`, or has done more epochs than ``epochs``.
         FileNotFoundError: If ``resume`` names no file.
     """
 
@@ -94,6 +124,7 @@ class Checkpointing:
         *,
         epochs: int,
         world_size: int,
+        options: dict[str, Any] | None = None,
     ) -> None:
         if checkpoint is None and every is not None:
             raise ValueError(f"checkpoint_every={every!r} needs checkpoint=PATH, the file to write")
@@ -105,6 +136,7 @@ class Checkpointing:
                     f"checkpoint={os.fspath(checkpoint)!r}: folder {folder!r} does not exist"
                 )
         self.path = checkpoint
+        self.options = {} if options is None else dict(options)
         self.resumed: dict[str, Any] | None = None
         if resume is None:
             return
@@ -121,7 +153,18 @@ class Checkpointing:
                 f"{self._where} was written by a fit on {payload['world_size']} process(es); "
                 f"this one runs on {world_size}. Resume with the same number of processes"
             )
+        self._check_options(payload.get("options", {}))  # none in checkpoints of old versions
         self.resumed = payload
+
+    def _check_options(self, written: dict[str, Any]) -> None:
+        for name, value in written.items():
+            if name in self.options and self.options[name] != value:
+                raise ValueError(
+                    f"{self._where} was written by a fit with {name}={value!r}; this one has "
+                    f"{name}={self.options[name]!r}. Resume with {name}={value!r}: with "
+                    f"another {name} the resumed fit takes other steps and can no longer "
+                    f"give the uninterrupted fit's result"
+                )
 
     def order_seed(self, seed: int | None) -> int | None:
         """The seed of the minibatch order: the checkpoint's when resuming, else ``seed``."""
@@ -185,6 +228,7 @@ class Checkpointing:
             "history": history,
             "order_seed": state.order_seed,
             "world_size": world_size,
+            "options": self.options,
             "rng": rng,
         }
         write_atomic(self.path, CHECKPOINT, payload)

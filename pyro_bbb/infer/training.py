@@ -24,7 +24,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from .._validation import check_int, check_positive_number
-from .checkpoint import Checkpointing, FitState
+from .checkpoint import Checkpointing, FitState, fit_options
 from .collapse import FRACTION_THRESHOLD as COLLAPSE_FRACTION
 from .collapse import CollapseMonitor, diagnose_collapse, warn_if_collapsed
 from .devices import cuda_devices, device_of
@@ -153,6 +153,8 @@ def fit(
         resume: A checkpoint to continue from: parameters, optimiser (including its learning
             rate), History, β's position and random states come from it. ``model`` and
             ``guide`` are built as for the interrupted fit; the guide need not be set up.
+            ``batch_size``, ``shuffle``, ``num_particles`` and ``reparam`` must be the
+            interrupted fit's.
 
     Returns:
         The :class:`History` of the fit.
@@ -167,8 +169,9 @@ def fit(
         ValueError: On bad data (shapes, dtypes, NaN/inf, labels out of range, a data set
             whose size is not the model's ``num_data``), on a model that does not scale a
             minibatch's log-likelihood by ``N / B``, or on bad options; a ``resume`` file
-            that is not a checkpoint, is from another model, or has done more than
-            ``epochs`` epochs.
+            that is not a checkpoint, is from another model, was written with another
+            ``batch_size``, ``shuffle``, ``num_particles`` or ``reparam`` (the error names
+            both values), or has done more than ``epochs`` epochs.
         FileNotFoundError: If ``resume`` names no file.
         FloatingPointError: When the loss becomes NaN or inf, naming the epoch, step and
             the sites whose terms are not finite.
@@ -179,9 +182,13 @@ def fit(
     schedule = delayed_warmup(epochs) if beta is None else as_schedule(beta)
     handler = estimator(reparam)
     parallel = data_parallel()  # a world of one unless torch.distributed is initialised
-    saving = Checkpointing(
-        checkpoint, checkpoint_every, resume, epochs=epochs, world_size=parallel.world_size
+    options = fit_options(
+        x, batch_size=batch_size, shuffle=shuffle, num_particles=num_particles, reparam=reparam
     )
+    saving = Checkpointing(
+        checkpoint, checkpoint_every, resume, epochs=epochs, world_size=parallel.world_size,
+        options=options,
+    )  # fmt: skip
     device = parallel.device(device)
     if device is not None:
         _move(model, device)

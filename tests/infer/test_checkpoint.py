@@ -37,8 +37,9 @@ def _store() -> dict[str, torch.Tensor]:
     return {name: value.detach().clone() for name, value in pyro.get_param_store().items()}
 
 
-def _fit(model, guide, epochs, **options):
-    x, y = _data()
+def _fit(model, guide, epochs, x=None, y=None, **options):
+    if x is None:
+        x, y = _data()
     options = {"batch_size": 12, "beta": LinearWarmup(5), "seed": 3, **options}
     return bbb.fit(model, guide, x, y, epochs=epochs, **options)
 
@@ -187,6 +188,55 @@ def test_resume_with_fewer_epochs_than_done_is_an_error_naming_epochs(tmp_path):
         _fit(*_fresh(), 2, resume=tmp_path / "c.pt")
 
 
+@pytest.mark.parametrize(
+    ("written", "resumed", "message"),
+    [
+        ({}, {"batch_size": 24}, r"batch_size=12; this one has batch_size=24"),
+        ({}, {"batch_size": None}, r"batch_size=12; this one has batch_size=None"),
+        ({}, {"num_particles": 2}, r"num_particles=1; this one has num_particles=2"),
+        ({}, {"reparam": "local"}, r"reparam=None; this one has reparam='local'"),
+        ({"reparam": "flipout"}, {"reparam": "local"}, r"reparam='flipout'; this one has"),
+        ({}, {"shuffle": False}, r"shuffle=True; this one has shuffle=False"),
+    ],
+)
+def test_resume_with_another_step_option_is_an_error_naming_both_values(
+    tmp_path, written, resumed, message
+):
+    path = tmp_path / "c.pt"
+    _fit(*_fresh(), 2, checkpoint=path, **written)
+    before = files.read_file(path, argument="path")
+    with pytest.raises(ValueError, match=rf"resume=.* was written by a fit with {message}"):
+        _fit(*_fresh(), 4, resume=path, **{**written, **resumed})
+    # refused before a step: the file, and the fresh guide, are as they were
+    assert len(files.read_file(path, argument="path")["history"]["loss"]) == 2
+    assert before["options"] == {
+        "batch_size": 12,
+        "shuffle": True,
+        "num_particles": 1,
+        "reparam": None,
+        **written,
+    }
+
+
+def test_a_dataloader_checkpoint_records_the_loaders_batch_size(tmp_path):
+    x, y = _data()
+    path = tmp_path / "c.pt"
+    bbb.fit(*_fresh(), DataLoader(TensorDataset(x, y), batch_size=12), epochs=1, checkpoint=path)
+    other = DataLoader(TensorDataset(x, y), batch_size=16)
+    with pytest.raises(ValueError, match=r"batch_size=12; this one has batch_size=16"):
+        bbb.fit(*_fresh(), other, epochs=2, resume=path)
+
+
+def test_a_checkpoint_without_options_still_resumes(tmp_path):
+    # checkpoints written before the options were recorded have no "options" entry
+    path = tmp_path / "c.pt"
+    _fit(*_fresh(), 2, checkpoint=path)
+    payload = files.read_file(path, argument="path")
+    del payload["options"]
+    files.write_atomic(path, files.CHECKPOINT, payload)
+    assert len(_fit(*_fresh(), 3, resume=path, batch_size=24)) == 3
+
+
 def test_resume_from_another_model_is_an_error_naming_resume_and_the_site(tmp_path):
     _fit(*_fresh(), 2, checkpoint=tmp_path / "c.pt")
     model, guide = _fresh(sizes=(2, 5, 1))
@@ -209,7 +259,7 @@ def test_resume_with_another_data_set_size_is_an_error(tmp_path):
     model = bbb.BNN(bbb.mlp([2, 8, 1]), bbb.likelihoods.Gaussian(), num_data=N - 8)
     x, y = _data()
     with pytest.raises(ValueError, match=r"resume=.*data set of 48 points; this fit has 40"):
-        bbb.fit(model, bbb.MeanFieldGuide(model), x[8:], y[8:], epochs=4, resume=tmp_path / "c.pt")
+        _fit(model, bbb.MeanFieldGuide(model), 4, resume=tmp_path / "c.pt", x=x[8:], y=y[8:])
 
 
 def test_resume_from_a_saved_model_is_an_error_naming_resume(tmp_path):

@@ -61,6 +61,7 @@ CASES = [
 
 @pytest.mark.parametrize("guide_kind", ["mean_field", "low_rank"])
 @pytest.mark.parametrize("net_fn, data", CASES)
+@pytest.mark.slow
 def test_local_reparam_matches_weight_sampling_moments(net_fn, data, guide_kind):
     x = data()
     model, guide = make(net_fn, guide_kind, x)
@@ -74,6 +75,7 @@ def test_local_reparam_matches_weight_sampling_moments(net_fn, data, guide_kind)
 
 
 @pytest.mark.parametrize("net_fn, data", CASES)
+@pytest.mark.slow
 def test_local_reparam_draws_independent_noise_per_example(net_fn, data):
     """Two identical examples: perfectly correlated under shared weights, not under local."""
     x = data()
@@ -90,6 +92,7 @@ def test_local_reparam_draws_independent_noise_per_example(net_fn, data):
     assert abs(correlation(local)) < 5 / math.sqrt(DRAWS)
 
 
+@pytest.mark.slow
 def test_low_rank_local_reparam_shares_the_rank_part_across_the_batch_exactly():
     """The cross-example covariance under LowRank + local is x₁ V Vᵀ x₂ᵀ, the shared part."""
     x = torch.randn(2, 4)
@@ -117,6 +120,7 @@ def ks_distance(a: torch.Tensor, b: torch.Tensor) -> float:
 
 @pytest.mark.parametrize("guide_kind", ["mean_field", "low_rank"])
 @pytest.mark.parametrize("net_fn, data", CASES)
+@pytest.mark.slow
 def test_flipout_keeps_the_marginal_distribution_of_every_output(net_fn, data, guide_kind):
     x = data()
     model, guide = make(net_fn, guide_kind, x)
@@ -147,6 +151,7 @@ def first_layer_gradient_variance(reparam: str | None, repeats: int) -> float:
     return torch.stack(grads).var(0).mean().item()
 
 
+@pytest.mark.slow
 def test_local_reparam_has_lower_gradient_variance_than_weight_sampling():
     repeats = scaled(40, 200)
     plain = first_layer_gradient_variance(None, repeats)

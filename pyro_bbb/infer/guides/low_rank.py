@@ -93,7 +93,8 @@ class LowRankGuide(GaussianGuide):
 
     Args:
         model: The Pyro model, e.g. a :class:`~pyro_bbb.BNN`.
-        rank: Columns of :math:`V`, ``0 ≤ rank ≤ d`` for every block; 0 is mean-field.
+        rank: Columns of :math:`V`, ``1 ≤ rank ≤ d`` for every block. For the diagonal
+            guide (rank 0) use :class:`~pyro_bbb.MeanFieldGuide`.
         blocks: ``"layer"``: one block per layer (its weight and bias together), so the cost
             grows as ``d·rank`` per layer. ``"network"``: one block of every weight, for small
             networks where cross-layer correlation matters.
@@ -105,8 +106,9 @@ class LowRankGuide(GaussianGuide):
         create_plates: Passed to :class:`~pyro.infer.autoguide.AutoGuide`.
 
     Raises:
-        ValueError: On a negative rank, an unknown ``blocks``, a bad ``init_scale``, and (at
-            the first call) a rank larger than a block's size.
+        ValueError: On a rank that is not a positive int (0 names
+            :class:`~pyro_bbb.MeanFieldGuide`), an unknown ``blocks``, a bad ``init_scale``,
+            and (at the first call) a rank larger than a block's size.
     """
 
     def __init__(
@@ -121,12 +123,16 @@ class LowRankGuide(GaussianGuide):
         name: str | None = None,
         create_plates: Callable[..., Any] | None = None,
     ) -> None:
-        self.rank = check_int("rank", rank, minimum=0)
+        if rank == 0 and not isinstance(rank, bool):
+            raise ValueError(
+                "rank must be a positive int, got 0: a rank-0 low-rank guide is the diagonal "
+                "(mean-field) guide; use MeanFieldGuide(model) for it"
+            )
+        self.rank = check_int("rank", rank)
         self.blocks = check_choice("blocks", blocks, ("layer", "network"))
         self.init_scale = float(init_scale)
         self.min_scale = float(min_scale)
-        diag_scale = init_scale * math.sqrt(0.75) if rank else init_scale
-        self.init_rho = check_init_scale(diag_scale, min_scale)
+        self.init_rho = check_init_scale(init_scale * math.sqrt(0.75), min_scale)
         super().__init__(model, init_loc=init_loc, name=name, create_plates=create_plates)
 
     # -- set-up
@@ -152,7 +158,7 @@ class LowRankGuide(GaussianGuide):
             block = _Block(key, f"_{self._pyro_name}.{key}", tuple(slices))
             self._blocks.append(block)
             loc = torch.cat([locs[s].reshape(-1) for s in names])
-            factor_scale = 0.5 * self.init_scale / math.sqrt(max(self.rank, 1))
+            factor_scale = 0.5 * self.init_scale / math.sqrt(self.rank)
             factor = factor_scale * torch.randn(start, self.rank, dtype=loc.dtype).to(loc)
             set_param(self.locs, key, loc, site=key)
             set_param(self.rhos, key, torch.full_like(loc, self.init_rho), site=key)
@@ -160,17 +166,14 @@ class LowRankGuide(GaussianGuide):
 
     # -- the distribution of a block
     def block_distribution(self, block: _Block | str) -> dist.TorchDistribution:
-        r""":math:`\mathcal{N}(\mu, D + VV^\top)` of one block, event shape ``(d,)``.
+        r"""The :class:`LowRankMultivariateNormal` :math:`\mathcal{N}(\mu, D + VV^\top)` of a block.
 
-        A :class:`LowRankMultivariateNormal`, or ``Normal(...).to_event(1)`` when
-        ``rank == 0``.
+        Its event shape is ``(d,)``, the block's size.
         """
         if isinstance(block, str):
             block = self._block(block)
         loc = attrgetter(block.name)(self.locs)
         scale = F.softplus(attrgetter(block.name)(self.rhos)) + self.min_scale
-        if self.rank == 0:
-            return dist.Normal(loc, scale).to_event(1)
         factor = attrgetter(block.name)(self.factors)
         return LowRankMultivariateNormal(loc, factor, scale.pow(2))
 
@@ -229,7 +232,7 @@ class LowRankGuide(GaussianGuide):
         r"""Dense covariance :math:`D + VV^\top` of one block, ``(d, d)`` (small blocks only)."""
         self._require_setup()
         fn = self.block_distribution(block)
-        return fn.covariance_matrix if self.rank else torch.diag(fn.base_dist.scale.pow(2))
+        return fn.covariance_matrix
 
     def _marginals(self) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
         result = {}

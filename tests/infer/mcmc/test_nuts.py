@@ -30,6 +30,7 @@ def flat_draws(result: NUTSResult) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.slow
 def test_nuts_recovers_the_exact_posterior_of_linear_regression(backend):
     x, y, mean, covariance, _ = conjugate_problem()
     model = linear_bnn(x)
@@ -88,6 +89,7 @@ def test_jit_and_eager_potentials_agree():
     assert torch.allclose(a.samples["0.weight"], b.samples["0.weight"], atol=1e-6)
 
 
+@pytest.mark.slow
 def test_learned_noise_needs_a_choice_and_a_prior_samples_it():
     x, y, *_ = conjugate_problem()
     net = bbb.mlp([3, 1]).double()
@@ -269,6 +271,7 @@ def test_numpyro_same_seed_gives_the_same_draws_and_chains_differ():
 
 
 @requires_numpyro
+@pytest.mark.slow
 def test_numpyro_samples_a_noise_scale_under_its_prior():
     x, y, *_ = conjugate_problem()
     model = bbb.BNN(bbb.mlp([3, 1]).double(), bbb.likelihoods.Gaussian().double(), len(x))
