@@ -439,21 +439,19 @@ class _LowRankDraws(_Draws):
                 eps_factor = _standard_normal((*sample, guide.rank), loc)
                 shared = loc + eps_factor @ factor_t
             theta = torch.addcmul(shared, scale, eps_diag)
-            variance = scale.pow(2) if self.splits == "variance" else None
-            for piece in block.slices:
-                lead = theta.shape[:-1]
-                value = theta[..., piece.start : piece.stop].reshape(*lead, *piece.shape)
+            # one split, not a slice per site: its backward writes each gradient once
+            sizes = [piece.stop - piece.start for piece in block.slices]
+            pieces = theta.split(sizes, dim=-1)
+            if self.splits:
+                means = shared.split(sizes, dim=-1)
+                variances = scale.pow(2).split(sizes) if self.splits == "variance" else None
+            for k, piece in enumerate(block.slices):
+                value = pieces[k].reshape(*theta.shape[:-1], *piece.shape)
                 values[piece.site] = value
                 if self.splits:
-                    part = shared[..., piece.start : piece.stop]
-                    splits[piece.site] = Split(
-                        part.reshape(*part.shape[:-1], *piece.shape),
-                        None
-                        if variance is None
-                        else variance[piece.start : piece.stop].reshape(piece.shape),
-                        value,
-                        sample[:1],
-                    )
+                    mean = means[k].reshape(*shared.shape[:-1], *piece.shape)
+                    variance = None if variances is None else variances[k].reshape(piece.shape)
+                    splits[piece.site] = Split(mean, variance, value, sample[:1])
             if priors is not None:
                 term = self._closed_kl(block, loc, scale, factor, factor_t, priors)
                 kl_terms[block.aux_site] = term
@@ -499,15 +497,23 @@ class _LowRankDraws(_Draws):
             tril = torch.linalg.cholesky(capacitance)
             log_det = log_det + 2 * tril.diagonal().log().sum()
         total = -block.size - log_det
-        for piece in block.slices:
-            m, s = priors[piece.site]
-            part = slice(piece.start, piece.stop)
-            deviation = loc[part] if isinstance(m, float) and m == 0.0 else loc[part] - m
-            squares = scale[part].square() + deviation.square()
-            spread = squares.sum()
-            if factor_t is not None:
-                spread = spread + factor[part].square().sum()
-            n = piece.stop - piece.start
-            total = total + spread / (s * s)
-            total = total + n * 2 * (s.log() if isinstance(s, torch.Tensor) else math.log(s))
+        pairs = [priors[piece.site] for piece in block.slices]
+        if all(pair is pairs[0] or pair == pairs[0] for pair in pairs):
+            groups = [((loc, scale, factor), pairs[0])]  # one prior: no slicing
+        else:
+            sizes = [piece.stop - piece.start for piece in block.slices]
+            parts = zip(
+                loc.split(sizes),
+                scale.split(sizes),
+                factor.split(sizes) if factor is not None else [None] * len(sizes),
+                strict=True,
+            )
+            groups = list(zip(parts, pairs, strict=True))
+        for (mean, std, rows), (m, s) in groups:
+            deviation = mean if isinstance(m, float) and m == 0.0 else mean - m
+            spread = (std.square() + deviation.square()).sum()
+            if rows is not None:
+                spread = spread + rows.square().sum()
+            log_s = s.log() if isinstance(s, torch.Tensor) else math.log(s)
+            total = total + spread / (s * s) + mean.numel() * 2 * log_s
         return 0.5 * total
