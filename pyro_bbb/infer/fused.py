@@ -430,14 +430,12 @@ class _LowRankDraws(_Draws):
             loc, rho, factor = (ref.module_value() for ref in refs)
             # V is (d, r); every product below runs along d, which is several times faster
             # on the transposed copy (rows of length d) than on r-wide rows.
-            factor_t = factor.mT.contiguous() if guide.rank else None
+            factor_t = factor.mT.contiguous()
             scale = _scale(rho, guide.min_scale)
             size = block.size
             eps_diag = _standard_normal((*sample, size), loc)
-            shared = loc
-            if guide.rank:
-                eps_factor = _standard_normal((*sample, guide.rank), loc)
-                shared = loc + eps_factor @ factor_t
+            eps_factor = _standard_normal((*sample, guide.rank), loc)
+            shared = loc + eps_factor @ factor_t
             theta = torch.addcmul(shared, scale, eps_diag)
             # one split, not a slice per site: its backward writes each gradient once
             sizes = [piece.stop - piece.start for piece in block.slices]
@@ -469,8 +467,6 @@ class _LowRankDraws(_Draws):
         return _Draw(values, splits, kl_terms, _total(closed), _total(sampled))
 
     def _distribution(self, loc, scale, factor) -> dist.TorchDistribution:
-        if self._guide.rank == 0:
-            return dist.Normal(loc, scale, validate_args=False).to_event(1)
         return dist.LowRankMultivariateNormal(loc, factor, scale.pow(2), validate_args=False)
 
     def _closed_kl(self, block, loc, scale, factor, factor_t, priors) -> torch.Tensor:
@@ -485,35 +481,26 @@ class _LowRankDraws(_Draws):
         site by site :math:`j` of the block, with :math:`\log\det(D + VV^\top) =
         \sum_i \log D_i + \log\det(I_r + V^\top D^{-1} V)` (the matrix determinant lemma):
         :math:`O(d r^2)`, no :math:`d \times d` matrix. ``factor`` is :math:`V`, ``(d, r)``,
-        and ``factor_t`` its transposed copy, ``(r, d)``; both ``None`` for rank 0.
+        and ``factor_t`` its transposed copy, ``(r, d)``.
         """
-        log_det = 2 * scale.log().sum()
-        if factor_t is not None:
-            whitened = factor_t * scale.reciprocal()  # V^T D^{-1/2}, (r, d)
-            capacitance = whitened @ whitened.mT
-            capacitance = capacitance + torch.eye(
-                capacitance.shape[-1], dtype=capacitance.dtype, device=capacitance.device
-            )
-            tril = torch.linalg.cholesky(capacitance)
-            log_det = log_det + 2 * tril.diagonal().log().sum()
+        whitened = factor_t * scale.reciprocal()  # V^T D^{-1/2}, (r, d)
+        capacitance = whitened @ whitened.mT
+        capacitance = capacitance + torch.eye(
+            capacitance.shape[-1], dtype=capacitance.dtype, device=capacitance.device
+        )
+        tril = torch.linalg.cholesky(capacitance)
+        log_det = 2 * scale.log().sum() + 2 * tril.diagonal().log().sum()
         total = -block.size - log_det
         pairs = [priors[piece.site] for piece in block.slices]
         if all(pair is pairs[0] or pair == pairs[0] for pair in pairs):
             groups = [((loc, scale, factor), pairs[0])]  # one prior: no slicing
         else:
             sizes = [piece.stop - piece.start for piece in block.slices]
-            parts = zip(
-                loc.split(sizes),
-                scale.split(sizes),
-                factor.split(sizes) if factor is not None else [None] * len(sizes),
-                strict=True,
-            )
+            parts = zip(loc.split(sizes), scale.split(sizes), factor.split(sizes), strict=True)
             groups = list(zip(parts, pairs, strict=True))
         for (mean, std, rows), (m, s) in groups:
             deviation = mean if isinstance(m, float) and m == 0.0 else mean - m
-            spread = (std.square() + deviation.square()).sum()
-            if rows is not None:
-                spread = spread + rows.square().sum()
+            spread = (std.square() + deviation.square()).sum() + rows.square().sum()
             log_s = s.log() if isinstance(s, torch.Tensor) else math.log(s)
             total = total + spread / (s * s) + mean.numel() * 2 * log_s
         return 0.5 * total

@@ -57,7 +57,6 @@ GUIDES = {
     "mean_field": lambda model: MeanFieldGuide(model, init_scale=0.1),
     "low_rank": lambda model: LowRankGuide(model, rank=2, init_scale=0.1),
     "low_rank_network": lambda model: LowRankGuide(model, rank=3, blocks="network"),
-    "low_rank_0": lambda model: LowRankGuide(model, rank=0, init_scale=0.1),
 }
 
 
