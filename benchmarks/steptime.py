@@ -393,7 +393,7 @@ def sync() -> None:
 
 
 def fused_default(device: torch.device) -> bool:
-    """Whether fit's default Adam is the fused one here (see pyro_bbb.infer.training)."""
+    """Whether fit's default Adam is the fused one here (see pyro_bbb.training.optimizers)."""
     return device.type in ("cpu", "cuda")
 
 

@@ -1,6 +1,6 @@
 """Continual learning on the 8x8 digits: VCL against naive fine-tuning and joint training.
 
-Shows: ``pyro_bbb.infer.VCL`` (variational continual learning, Nguyen et al. 2018), which
+Shows: ``pyro_bbb.training.VCL`` (variational continual learning, Nguyen et al. 2018), which
 learns tasks one after another with each task's posterior as the next task's prior
 (``pyro_bbb.priors.from_guide``), on two task sequences:
 
@@ -30,9 +30,9 @@ from torch import nn
 
 import pyro_bbb
 from pyro_bbb.data import permuted_digits, split_digits
-from pyro_bbb.infer import VCL
 from pyro_bbb.nn import MultiHead
 from pyro_bbb.priors import Gaussian
+from pyro_bbb.training import VCL
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--epochs", type=int, default=100, help="epochs per task")

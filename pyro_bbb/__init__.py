@@ -14,34 +14,33 @@ misses structure in the data.
 
 The package mirrors Pyro's layout: :mod:`pyro_bbb.nn`, :mod:`pyro_bbb.priors`,
 :mod:`pyro_bbb.likelihoods` and :mod:`pyro_bbb.model` say what a BNN is;
-:mod:`pyro_bbb.infer` holds guides, the ELBO, β schedules, estimators, training, prediction
-and NUTS; :mod:`pyro_bbb.evaluation` judges posteriors; :mod:`pyro_bbb.metrics` scores
+:mod:`pyro_bbb.infer` holds guides, the ELBO, β schedules, estimators, prediction and NUTS;
+:mod:`pyro_bbb.training` holds :func:`fit` and the machinery of a run (minibatches, History,
+callbacks, ``torch.distributed``, checkpoints, continual learning); :mod:`pyro_bbb.io` saves
+and loads; :mod:`pyro_bbb.evaluation` judges posteriors; :mod:`pyro_bbb.metrics` scores
 predictions; :mod:`pyro_bbb.data` holds data sets; :mod:`pyro_bbb.plots` draws figures.
 ``import pyro_bbb`` needs no matplotlib.
 """
 
-from . import data, evaluation, infer, likelihoods, metrics, nn, priors
+from . import data, evaluation, infer, io, likelihoods, metrics, nn, priors, training
 from .evaluation import Comparison, compare, psis_khat, to_inference_data
 from .infer import (
-    Callback,
     ClassificationPrediction,
-    History,
     LowRankGuide,
     MeanFieldGuide,
     NUTSResult,
     PosteriorCollapseWarning,
     Prediction,
     RegressionPrediction,
-    fit,
     flipout,
-    load,
     local_reparameterization,
     predict,
     run_nuts,
-    save,
 )
+from .io import load, save
 from .model import BNN
 from .nn import BayesianAffine, bayesianize, mlp
+from .training import Callback, History, fit
 
 __version__ = "0.1.0"
 
@@ -65,6 +64,7 @@ __all__ = [
     "fit",
     "flipout",
     "infer",
+    "io",
     "likelihoods",
     "load",
     "local_reparameterization",
@@ -77,4 +77,5 @@ __all__ = [
     "run_nuts",
     "save",
     "to_inference_data",
+    "training",
 ]

@@ -92,7 +92,7 @@ def test_bnn_renders_with_pyro_render_model():
     try:
         graph = pyro.render_model(model, model_args=(x, y))
     except ImportError:
-        pytest.skip("graphviz is not installed")
+        pytest.skip("needs the graphviz Python package (in the test extra)")
     assert "obs" in graph.source
 
 

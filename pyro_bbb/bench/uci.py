@@ -63,10 +63,11 @@ from .._validation import (
     check_positive_number,
 )
 from ..data import UCIFolder, UCISplit, find_uci_folders, load_uci_folder, uci_num_splits
-from ..infer import LinearWarmup, LowRankGuide, MeanFieldGuide, RegressionPrediction, fit, predict
+from ..infer import LinearWarmup, LowRankGuide, MeanFieldGuide, RegressionPrediction, predict
 from ..likelihoods import Gaussian
 from ..model import BNN
 from ..nn import initial_values, mlp
+from ..training import fit
 from .uci_results import METHODS, SplitResult, UCIResults
 
 __all__ = ["UCIConfig", "fit_split", "run_uci"]

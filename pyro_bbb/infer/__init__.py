@@ -1,4 +1,4 @@
-"""Inference: guides, the annealed ELBO, estimators, training, prediction and NUTS.
+"""Inference: guides, the annealed ELBO, estimators, prediction and NUTS.
 
 * :mod:`~pyro_bbb.infer.guides`: :class:`MeanFieldGuide` and :class:`LowRankGuide`;
 * :mod:`~pyro_bbb.infer.kl`: closed-form KL rules; :mod:`~pyro_bbb.infer.sites`: the
@@ -6,28 +6,21 @@
 * :mod:`~pyro_bbb.infer.schedules`: β schedules; :mod:`~pyro_bbb.infer.elbo`:
   :class:`AnnealedELBO`;
 * :mod:`~pyro_bbb.infer.reparam`: local reparameterisation and flipout as effect handlers;
-* :mod:`~pyro_bbb.infer.training`: :func:`fit` (with :mod:`~pyro_bbb.infer.minibatches`
-  and :mod:`~pyro_bbb.infer.history`); :mod:`~pyro_bbb.infer.distributed`: data-parallel
-  training on ``torch.distributed``; :mod:`~pyro_bbb.infer.checkpoint`: fit's checkpoints
-  and resuming;
-* :mod:`~pyro_bbb.infer.serialization`: :func:`save` and :func:`load` of a trained model
-  and guide, in the files of :mod:`~pyro_bbb.infer.files` (atomic write, safe read);
 * :mod:`~pyro_bbb.infer.predictive`: :func:`predict` and its summaries;
-* :mod:`~pyro_bbb.infer.continual`: :class:`VCL`, variational continual learning over
-  ``fit`` (with :mod:`~pyro_bbb.infer.coresets`);
 * :mod:`~pyro_bbb.infer.collapse`: how much of a posterior sits at its prior, and the
-  :class:`PosteriorCollapseWarning` that :func:`fit` gives;
+  :class:`PosteriorCollapseWarning` that :func:`~pyro_bbb.fit` gives;
 * :mod:`~pyro_bbb.infer.mcmc`: :func:`run_nuts` on the same model.
 
-This package imports nothing of :mod:`pyro_bbb.evaluation`, the plots or the command line.
+As ``pyro.infer`` holds Pyro's inference and not a training loop, the loop and the machinery
+of a run (minibatches, History, callbacks, ``torch.distributed``, checkpoints, continual
+learning) are :mod:`pyro_bbb.training`, built on this package, and saving a trained model is
+:mod:`pyro_bbb.io`. This package imports none of them, nor :mod:`pyro_bbb.evaluation`, the
+plots or the command line.
 """
 
 from .collapse import CollapseDiagnosis, PosteriorCollapseWarning, diagnose_collapse, weight_kl
-from .continual import VCL
-from .coresets import select_coreset
 from .elbo import AnnealedELBO, ELBOTerms
 from .guides import LowRankGuide, MeanFieldGuide
-from .history import History
 from .mcmc import NUTSResult, replay_nuts, run_nuts
 from .predictive import ClassificationPrediction, Prediction, RegressionPrediction, predict
 from .reparam import flipout, local_reparameterization
@@ -40,20 +33,15 @@ from .schedules import (
     as_schedule,
     delayed_warmup,
 )
-from .serialization import load, save
-from .training import Callback, fit
 
 __all__ = [
-    "VCL",
     "AnnealedELBO",
     "BetaSchedule",
-    "Callback",
     "ClassificationPrediction",
     "CollapseDiagnosis",
     "ConstantBeta",
     "CyclicalAnnealing",
     "ELBOTerms",
-    "History",
     "LinearWarmup",
     "LowRankGuide",
     "MeanFieldGuide",
@@ -65,14 +53,10 @@ __all__ = [
     "as_schedule",
     "delayed_warmup",
     "diagnose_collapse",
-    "fit",
     "flipout",
-    "load",
     "local_reparameterization",
     "predict",
     "replay_nuts",
     "run_nuts",
-    "save",
-    "select_coreset",
     "weight_kl",
 ]

@@ -41,8 +41,8 @@ import torch
 from pyro.infer.autoguide import AutoNormal
 from torch.distributions import Independent, Normal, kl_divergence
 
-from ..gaussian_block import SiteConditional
-from .devices import cuda_devices
+from .._devices import cuda_devices
+from ..priors.gaussian_block import SiteConditional
 from .guides._base import GaussianGuide
 from .predictive import RegressionPrediction, predict
 from .sites import is_real_valued

@@ -36,7 +36,7 @@ from pyro.poutine.util import site_is_subsample
 
 from .._shapes import broadcast_shape, collapse_broadcast
 from .._validation import check_int, check_nonnegative_number
-from ..gaussian_block import SiteConditional
+from ..priors.gaussian_block import SiteConditional
 from .kl import diagonal_normal_kl
 from .sites import JOINT_KEY
 

@@ -1,0 +1,302 @@
+"""Saving and loading a trained model and guide: :func:`save`, :func:`load` and their file.
+
+A file holds, by name, every parameter the model and guide use (the guide's variational
+parameters and the model's point estimates, named as in Pyro's param store, unconstrained),
+the modules' buffers, the shape of every latent site, and the shapes of the inputs the guide
+was set up with. :func:`load` rebuilds a fresh guide from those input shapes (one pass of
+model and guide on zeros, under a forked random state), so the user never has to run the
+guide first: Pyro creates a guide's parameters only on its first call, which is why loading
+a ``state_dict`` into a fresh autoguide fails with "Unexpected key(s)".
+
+The file is written atomically and read safely by :mod:`~pyro_bbb.io.files`. Every check
+(format, sites, parameters, shapes, dtypes) passes before the first value is copied: a
+mismatch leaves the model and guide as they were. :mod:`~pyro_bbb.training.checkpoint` writes
+the same contents plus the training state; nothing here trains.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import pyro.poutine as poutine
+import torch
+from torch import nn
+
+from .._devices import cuda_devices, device_of
+from ..nn import initial_values
+from .files import MODEL, read_file, write_atomic
+
+__all__ = ["load", "save"]
+
+PathLike = str | os.PathLike
+
+
+# ------------------------------------------------------------------------- public API
+def save(path: PathLike, model: Any, guide: Any) -> None:
+    """Save a trained guide and the model's point estimates to ``path``, atomically.
+
+    The file holds every parameter by its name in Pyro's param store (e.g.
+    ``MeanFieldGuide.locs.fc1.weight``, ``likelihood.scale``), the modules' buffers, the
+    latent sites' shapes and the input shapes the guide was set up with. A kill while
+    writing leaves any previous file at ``path`` intact.
+
+    Args:
+        path: The file to write (its folder must exist).
+        model: The model, e.g. a :class:`~pyro_bbb.BNN`.
+        guide: Its guide, already set up (trained, or called once): a
+            :class:`~pyro_bbb.MeanFieldGuide`, :class:`~pyro_bbb.LowRankGuide` or any Pyro
+            autoguide.
+
+    Raises:
+        TypeError: If ``guide`` is not a Pyro autoguide.
+        ValueError: If the guide has not been set up, or was set up with an argument
+            that cannot be stored (only tensors, numbers, strings and ``None`` can).
+    """
+    args, kwargs = _prototype_inputs(guide)
+    named = trace_params(model, guide, args, kwargs)
+    write_atomic(path, MODEL, capture(model, guide, named, args, kwargs))
+
+
+def load(path: PathLike, model: Any, guide: Any) -> None:
+    """Fill a freshly built model and guide with what :func:`save` wrote to ``path``.
+
+    ``model`` and ``guide`` must be built as the saved ones were (same architecture, guide
+    class and options, names); the guide need not have been called. It is set up by one pass
+    of model and guide on zero inputs of the saved shapes, which leaves the random state as
+    it was. A checkpoint written by ``fit(checkpoint=...)`` loads the same way.
+
+    Args:
+        path: A file written by :func:`save` or ``fit(checkpoint=...)``.
+        model: A fresh model of the saved architecture.
+        guide: A fresh guide for it, of the saved class.
+
+    Raises:
+        FileNotFoundError: If there is no file at ``path``.
+        ValueError: If the file is not ours or is truncated, or the model or guide differ
+            from the saved ones (naming the first mismatched site or parameter and both
+            shapes). Nothing is loaded then.
+        TypeError: If ``guide`` is not a Pyro autoguide.
+    """
+    _require_autoguide(guide)
+    payload = read_file(path, argument="path")
+    where = f"path={os.fspath(path)!r}"
+    _check_sites(payload["sites"], _layer_sites(model), where, complete=False)
+    args, kwargs = _rebuild_inputs(payload["inputs"], device_of(model, guide))
+    try:
+        named = trace_params(model, guide, args, kwargs)
+    except (RuntimeError, ValueError) as error:
+        first_line = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        raise ValueError(
+            f"{where}: this model and guide cannot run on the saved input shapes "
+            f"{_shapes_of(args)}; were they built as the saved ones? ({first_line})"
+        ) from error
+    restore(payload, model, guide, named, where)
+
+
+# ---------------------------------------------------------- what a file holds, and back
+def trace_params(model, guide, args: tuple, kwargs: dict) -> dict[str, torch.Tensor]:
+    """Every parameter of one pass of guide and model, ``{param store name: unconstrained}``.
+
+    The pass sets up a guide that was never called; it runs without gradients and under a
+    forked random state, so it draws nothing from the caller's streams.
+    """
+    with (
+        torch.random.fork_rng(devices=cuda_devices(model, guide)),
+        torch.no_grad(),
+        poutine.trace(param_only=True) as capture,
+    ):
+        guide_trace = poutine.trace(guide).get_trace(*args, **kwargs)
+        poutine.replay(model, trace=guide_trace)(*args, **kwargs)
+    return {name: site["value"].unconstrained() for name, site in capture.trace.nodes.items()}
+
+
+def capture(model, guide, named: Mapping[str, torch.Tensor], args: tuple, kwargs: dict) -> dict:
+    """The contents of a file: sites, parameters, buffers and the set-up's input shapes."""
+    return {
+        "sites": {name: _site_entry(value) for name, value in _latent_sites(guide).items()},
+        "params": {name: value.detach() for name, value in named.items()},
+        "buffers": {"model": _buffers(model), "guide": _buffers(guide)},
+        "inputs": {
+            "args": [_describe(a, f"argument {i}") for i, a in enumerate(args)],
+            "kwargs": {k: _describe(v, f"argument {k!r}") for k, v in kwargs.items()},
+        },
+    }
+
+
+def match(payload: Mapping, model, guide, named: Mapping[str, torch.Tensor], where: str) -> list:
+    """Check a file against model and guide; the ``(target, saved value)`` pairs to copy.
+
+    Raises:
+        ValueError: On the first mismatched site, parameter or buffer (its name and both
+            shapes, or both dtypes); ``where`` (e.g. ``"path='m.pt'"``) starts the message.
+    """
+    _check_sites(payload["sites"], _latent_sites(guide), where, complete=True)
+    pairs = _pairs("parameter", payload["params"], named, where)
+    for owner, module in (("model", model), ("guide", guide)):
+        saved = payload["buffers"].get(owner, {})
+        pairs += _pairs(f"{owner} buffer", saved, _buffers(module, detach=False), where)
+    return pairs
+
+
+@torch.no_grad()
+def restore(payload: Mapping, model, guide, named: Mapping[str, torch.Tensor], where: str) -> None:
+    """Check the file against model and guide (:func:`match`), then copy its values in place.
+
+    Raises:
+        ValueError: As :func:`match`, before anything is copied.
+    """
+    for target, value in match(payload, model, guide, named, where):
+        target.copy_(value)
+
+
+# --------------------------------------------------------------------------- helpers
+def _require_autoguide(guide) -> None:
+    if not hasattr(guide, "prototype_trace"):
+        raise TypeError(
+            "guide must be a Pyro autoguide (MeanFieldGuide, LowRankGuide, AutoNormal, ...), "
+            f"got {type(guide).__name__}; for a hand-written guide, save Pyro's param store "
+            "with pyro.get_param_store().save(path)"
+        )
+
+
+def _prototype_inputs(guide) -> tuple[tuple, dict]:
+    _require_autoguide(guide)
+    trace = guide.prototype_trace
+    if trace is None:
+        raise ValueError(
+            f"the {type(guide).__name__} has no parameters yet: fit it (or call it once with "
+            "the model's arguments) before saving"
+        )
+    inputs = trace.nodes["_INPUT"]
+    return tuple(inputs["args"]), dict(inputs["kwargs"])
+
+
+def _latent_sites(guide) -> dict[str, torch.Tensor]:
+    """The model's global latent sites, from the guide's prototype trace (their values)."""
+    trace = getattr(guide, "prototype_trace", None)
+    if trace is None:
+        return {}
+    return {
+        name: site["value"]
+        for name, site in trace.iter_stochastic_nodes()
+        if not site["cond_indep_stack"]
+    }
+
+
+def _layer_sites(model) -> dict[str, torch.Tensor]:
+    """The Bayesian layers' sites (their initial values), read without running the model."""
+    return initial_values(model) if isinstance(model, nn.Module) else {}
+
+
+def _site_entry(value: torch.Tensor) -> dict:
+    return {"shape": list(value.shape), "dtype": _dtype_name(value.dtype)}
+
+
+def _check_sites(
+    saved: Mapping[str, dict], current: Mapping[str, torch.Tensor], where: str, *, complete: bool
+) -> None:
+    """The first site whose shape or dtype differs; with ``complete``, one that a side lacks."""
+    for name, entry in saved.items():
+        shape = tuple(entry["shape"])
+        if name in current and tuple(current[name].shape) != shape:
+            raise ValueError(
+                f"{where} holds a different architecture: site {name!r} has shape "
+                f"{shape} there and {tuple(current[name].shape)} in this model"
+            )
+        if name in current and _dtype_name(current[name].dtype) != entry["dtype"]:
+            raise ValueError(
+                f"{where}: site {name!r} is {entry['dtype']} there and "
+                f"{_dtype_name(current[name].dtype)} in this model; build the model in the "
+                "saved dtype (e.g. .double())"
+            )
+        if name not in current and complete:
+            raise ValueError(
+                f"{where} holds a different architecture: site {name!r} (shape "
+                f"{shape}) is not in this model, whose sites are {list(current)}"
+            )
+    extra = [name for name in current if name not in saved]
+    if extra and complete:
+        raise ValueError(
+            f"{where} holds a different architecture: this model's site {extra[0]!r} (shape "
+            f"{tuple(current[extra[0]].shape)}) is not there; its sites are {list(saved)}"
+        )
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _pairs(
+    what: str, saved: Mapping[str, torch.Tensor], current: Mapping[str, torch.Tensor], where: str
+) -> list:
+    """``(target, value)`` pairs to copy, after checking names, shapes and dtypes."""
+    missing = [name for name in current if name not in saved]
+    unknown = [name for name in saved if name not in current]
+    if missing or unknown:
+        details = []
+        if missing:
+            details.append(f"this model and guide have {what} {missing[0]!r}, which it lacks")
+        if unknown:
+            details.append(f"it has {what} {unknown[0]!r}, which this model and guide lack")
+        detail = "; ".join(details)
+        raise ValueError(
+            f"{where} does not match this model and guide: {detail} (a different "
+            "architecture, guide class, or guide or model name?)"
+        )
+    pairs = []
+    for name, target in current.items():
+        value = saved[name]
+        if value.shape != target.shape:
+            raise ValueError(
+                f"{where} holds a different architecture: {what} {name!r} has shape "
+                f"{tuple(value.shape)} there and {tuple(target.shape)} in this model"
+            )
+        if value.dtype != target.dtype:
+            raise ValueError(
+                f"{where}: {what} {name!r} is {_dtype_name(value.dtype)} there and "
+                f"{_dtype_name(target.dtype)} in this model; build the model in the saved "
+                "dtype (e.g. .double())"
+            )
+        pairs.append((target, value))
+    return pairs
+
+
+def _buffers(module, *, detach: bool = True) -> dict[str, torch.Tensor]:
+    """A module's persistent buffers (e.g. batch-norm statistics), by name."""
+    if not isinstance(module, nn.Module):
+        return {}
+    return {
+        name: value.detach() if detach else value
+        for name, value in module.state_dict(keep_vars=True).items()
+        if not isinstance(value, nn.Parameter)
+    }
+
+
+def _describe(value: object, what: str) -> dict:
+    """An input's shape and dtype (a tensor, with a batch of one row) or the value itself."""
+    if isinstance(value, torch.Tensor):
+        shape = [1, *value.shape[1:]] if value.dim() else []
+        return {"shape": shape, "dtype": _dtype_name(value.dtype)}
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return {"value": value}
+    raise ValueError(
+        f"the guide was set up with {what} of type {type(value).__name__}, which cannot be "
+        "stored: set it up with tensors, numbers, strings or None"
+    )
+
+
+def _rebuild_inputs(spec: Mapping, device: torch.device) -> tuple[tuple, dict]:
+    def rebuild(entry: Mapping):
+        if "value" in entry:
+            return entry["value"]
+        return torch.zeros(entry["shape"], dtype=getattr(torch, entry["dtype"]), device=device)
+
+    return tuple(rebuild(e) for e in spec["args"]), {
+        k: rebuild(e) for k, e in spec["kwargs"].items()
+    }
+
+
+def _shapes_of(args: tuple) -> list:
+    return [tuple(a.shape) if isinstance(a, torch.Tensor) else a for a in args]

@@ -1,0 +1,24 @@
+"""Training: the loop that fits a guide, and the machinery of a run.
+
+* :mod:`~pyro_bbb.training.loop`: :func:`fit`, a short loop over the parts below;
+* :mod:`~pyro_bbb.training.steps`: the optimiser steps of an epoch (``SVI``'s ``step``
+  written out) and the report of a non-finite loss; :mod:`~pyro_bbb.training.optimizers`:
+  the optimiser; :mod:`~pyro_bbb.training.callbacks`: the :class:`Callback` hooks;
+* :mod:`~pyro_bbb.training.minibatches`: the minibatches, their order and the data checks;
+* :mod:`~pyro_bbb.training.history`: :class:`History`, the per-epoch record of a fit;
+* :mod:`~pyro_bbb.training.distributed`: data-parallel training on ``torch.distributed``;
+* :mod:`~pyro_bbb.training.checkpoint`: fit's checkpoints and resuming bit for bit;
+* :mod:`~pyro_bbb.training.continual`: :class:`VCL`, variational continual learning over
+  ``fit`` (with :mod:`~pyro_bbb.training.coresets`).
+
+Inference (:mod:`pyro_bbb.infer`: guides, the ELBO, estimators, prediction, NUTS) never
+imports this package; ``fit`` is built on it. Saving a trained model is :mod:`pyro_bbb.io`.
+"""
+
+from .callbacks import Callback
+from .continual import VCL
+from .coresets import select_coreset
+from .history import History
+from .loop import fit
+
+__all__ = ["VCL", "Callback", "History", "fit", "select_coreset"]

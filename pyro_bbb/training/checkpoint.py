@@ -1,0 +1,276 @@
+"""Checkpoints of :func:`~pyro_bbb.fit` and resuming from one, bit for bit.
+
+``fit(..., checkpoint=PATH, checkpoint_every=k)`` writes, every ``k`` epochs and when it
+stops, everything a resumed fit needs to take exactly the steps the uninterrupted one would
+have taken:
+
+* what :func:`~pyro_bbb.save` writes: the guide's parameters and the model's point
+  estimates by name, buffers, site and input shapes (so :func:`~pyro_bbb.load` reads a
+  checkpoint too);
+* the optimiser's state (moments, step counts, hyperparameters);
+* the :class:`~pyro_bbb.History` so far, whose length is the number of epochs done (β's
+  schedule is a function of the epoch, so it continues where it stopped);
+* every random state: torch's (and CUDA's), Python's and NumPy's of each process, and the
+  seed of the minibatch order (:func:`~pyro_bbb.training.minibatches.epoch_order`);
+* the options that decide which steps are taken (:func:`fit_options`: ``batch_size``,
+  ``shuffle``, ``num_particles``, ``reparam``). A resume with another value of one of them
+  is refused, naming both values: it would train on silently, but could no longer give the
+  uninterrupted fit's result.
+
+The file is written atomically by rank 0 (:func:`~pyro_bbb.io.files.write_atomic`);
+every process reads it to resume. Nothing here trains.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader
+
+from .._validation import check_int
+from ..io.files import CHECKPOINT, read_file, write_atomic
+from ..io.serialization import capture, match
+from .distributed import DataParallel
+from .history import History
+
+__all__ = ["Checkpointing", "FitState", "fit_options", "get_rng_state", "set_rng_state"]
+
+
+def fit_options(
+    x: Any, *, batch_size: int | None, shuffle: bool, num_particles: int, reparam: str | None
+) -> dict[str, Any]:
+    """The options of :func:`~pyro_bbb.fit` that a resume must repeat to be bit-identical.
+
+    Each changes the steps taken: the minibatches (``batch_size``, ``shuffle``), the Monte
+    Carlo draws (``num_particles``) or the gradient estimator (``reparam``). For a
+    ``DataLoader`` the batch size is the loader's, and its order is its own (``shuffle`` is
+    ``None``).
+
+    Returns:
+        ``{option: value}``, stored in every checkpoint and compared on resuming.
+    """
+    if isinstance(x, DataLoader):
+        batch_size, shuffle = x.batch_size, None
+    return {
+        "batch_size": batch_size,
+        "shuffle": shuffle,
+        "num_particles": num_particles,
+        "reparam": reparam,
+    }
+
+
+@dataclass
+class FitState:
+    """What a checkpoint holds of a running fit, gathered by :func:`~pyro_bbb.fit`.
+
+    Attributes:
+        model: The model.
+        guide: The guide.
+        named: Every parameter of model and guide, ``{param store name: unconstrained}``.
+        params: The optimiser's parameters, in its order.
+        optimizer: The optimiser.
+        history: The fit's History (its length is the number of epochs done).
+        order_seed: The seed of the minibatch order (``None`` for a ``DataLoader``).
+        inputs: One minibatch ``(x, y)``, whose shapes :func:`~pyro_bbb.load` rebuilds.
+    """
+
+    model: Any
+    guide: Any
+    named: dict[str, torch.Tensor]
+    params: list[torch.Tensor]
+    optimizer: torch.optim.Optimizer
+    history: History
+    order_seed: int | None
+    inputs: tuple
+
+    def trainable_names(self) -> list[str]:
+        """The names of the optimiser's parameters, in its order."""
+        names = {}
+        for name, value in self.named.items():
+            names.setdefault(id(value), name)
+        return [names[id(p)] for p in self.params]
+
+
+class Checkpointing:
+    """The checkpoint options of one :func:`~pyro_bbb.fit` call, checked at once.
+
+    Args:
+        checkpoint: File to write, or ``None``.
+        every: Write every this many epochs (``None``: every epoch); needs ``checkpoint``.
+        resume: Checkpoint to continue from, or ``None``; read here, on every process.
+        epochs: The fit's total number of epochs.
+        world_size: The number of processes of this fit.
+        options: This fit's :func:`fit_options`, written into checkpoints and compared with
+            the ``resume`` file's.
+
+    Raises:
+        ValueError: ``checkpoint_every`` not a positive int or without ``checkpoint``; a
+            ``checkpoint`` folder that does not exist; a ``resume`` file that is not a
+            checkpoint, was written by another number of processes or with another value
+            of one of the :func:`fit_options`, or has done more epochs than ``epochs``.
+        FileNotFoundError: If ``resume`` names no file.
+    """
+
+    def __init__(
+        self,
+        checkpoint: str | os.PathLike | None,
+        every: int | None,
+        resume: str | os.PathLike | None,
+        *,
+        epochs: int,
+        world_size: int,
+        options: dict[str, Any] | None = None,
+    ) -> None:
+        if checkpoint is None and every is not None:
+            raise ValueError(f"checkpoint_every={every!r} needs checkpoint=PATH, the file to write")
+        self.every = check_int("checkpoint_every", 1 if every is None else every)
+        if checkpoint is not None:
+            folder = os.path.dirname(os.path.abspath(checkpoint))
+            if not os.path.isdir(folder):
+                raise ValueError(
+                    f"checkpoint={os.fspath(checkpoint)!r}: folder {folder!r} does not exist"
+                )
+        self.path = checkpoint
+        self.options = {} if options is None else dict(options)
+        self.resumed: dict[str, Any] | None = None
+        if resume is None:
+            return
+        self._where = f"resume={os.fspath(resume)!r}"
+        payload = read_file(resume, argument="resume", kind=CHECKPOINT)
+        done = len(payload["history"]["loss"])
+        if epochs < done:
+            raise ValueError(
+                f"epochs={epochs} is fewer than the {done} epochs already done in "
+                f"{self._where}; epochs is the total to reach, not the number to add"
+            )
+        if payload["world_size"] != world_size:
+            raise ValueError(
+                f"{self._where} was written by a fit on {payload['world_size']} process(es); "
+                f"this one runs on {world_size}. Resume with the same number of processes"
+            )
+        self._check_options(payload.get("options", {}))  # none in checkpoints of old versions
+        self.resumed = payload
+
+    def _check_options(self, written: dict[str, Any]) -> None:
+        for name, value in written.items():
+            if name in self.options and self.options[name] != value:
+                raise ValueError(
+                    f"{self._where} was written by a fit with {name}={value!r}; this one has "
+                    f"{name}={self.options[name]!r}. Resume with {name}={value!r}: with "
+                    f"another {name} the resumed fit takes other steps and can no longer "
+                    f"give the uninterrupted fit's result"
+                )
+
+    def order_seed(self, seed: int | None) -> int | None:
+        """The seed of the minibatch order: the checkpoint's when resuming, else ``seed``."""
+        return seed if self.resumed is None else self.resumed["order_seed"]
+
+    def restore(self, state: FitState, rank: int) -> None:
+        """Put the checkpoint's parameters, optimiser, History and random states in place.
+
+        Raises:
+            ValueError: If the checkpoint is from another model, guide, optimiser or data
+                set size (before anything is changed).
+        """
+        payload, where = self.resumed, self._where
+        num_data = payload["history"]["num_data"]
+        if num_data != state.history.num_data:
+            raise ValueError(
+                f"{where} was written for a data set of {num_data} points; this fit has "
+                f"{state.history.num_data}"
+            )
+        pairs = match(payload, state.model, state.guide, state.named, where)
+        if payload["trainable"] != state.trainable_names():
+            raise ValueError(
+                f"{where} trained the parameters {payload['trainable']}; this fit trains "
+                f"{state.trainable_names()}"
+            )
+        kind = type(state.optimizer).__name__
+        if payload["optimizer_class"] != kind:
+            raise ValueError(
+                f"{where} was written with the optimiser {payload['optimizer_class']}; this "
+                f"fit uses {kind}"
+            )
+        with torch.no_grad():
+            for target, value in pairs:
+                target.copy_(value)
+        state.optimizer.load_state_dict(payload["optimizer"])
+        for name, values in payload["history"].items():
+            if name != "num_data":
+                setattr(state.history, name, list(values))
+        set_rng_state(payload["rng"][rank])
+
+    def after_epoch(self, state: FitState, parallel: DataParallel, *, final: bool) -> None:
+        """Write a checkpoint if this epoch is due (every ``every``-th, and the last).
+
+        Every process takes part (their random states are gathered); rank 0 writes, and
+        the others wait for it.
+        """
+        if self.path is None or not (final or len(state.history) % self.every == 0):
+            return
+        rng = parallel.gather(get_rng_state())
+        if parallel.is_main:
+            self._write(state, parallel.world_size, rng)
+        parallel.barrier()  # once fit returns, every process can read the file
+
+    def _write(self, state: FitState, world_size: int, rng: list) -> None:
+        history = {"num_data": state.history.num_data, **state.history.as_dict()}
+        payload = {
+            **capture(state.model, state.guide, state.named, state.inputs, {}),
+            "trainable": state.trainable_names(),
+            "optimizer_class": type(state.optimizer).__name__,
+            "optimizer": state.optimizer.state_dict(),
+            "history": history,
+            "order_seed": state.order_seed,
+            "world_size": world_size,
+            "options": self.options,
+            "rng": rng,
+        }
+        write_atomic(self.path, CHECKPOINT, payload)
+
+
+def get_rng_state() -> dict[str, Any]:
+    """Every random state a fit draws from: torch (CPU and CUDA), Python, NumPy.
+
+    NumPy's key is stored as a tensor, so that the state loads with
+    ``torch.load(weights_only=True)``.
+    """
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    state: dict[str, Any] = {
+        "torch": torch.get_rng_state(),
+        "random": random.getstate(),
+        "numpy": {
+            "name": name,
+            "keys": torch.from_numpy(keys.astype(np.int64)),
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "cached_gaussian": float(cached),
+        },
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    """Restore what :func:`get_rng_state` returned."""
+    torch.set_rng_state(state["torch"])
+    version, internal, gauss = state["random"]
+    random.setstate((version, tuple(internal), gauss))
+    numpy = state["numpy"]
+    np.random.set_state(
+        (
+            numpy["name"],
+            numpy["keys"].numpy().astype(np.uint32),
+            numpy["pos"],
+            numpy["has_gauss"],
+            numpy["cached_gaussian"],
+        )
+    )
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])

@@ -1,0 +1,375 @@
+"""Training: :func:`fit`, a short loop over the named parts of a run.
+
+``fit`` is a plain loop over optimiser steps on :class:`~pyro_bbb.infer.elbo.AnnealedELBO`
+estimates (:class:`~pyro_bbb.training.steps.Steps`, ``pyro.infer.SVI``'s ``step`` written
+out) with one ``torch.optim`` optimiser over every parameter of the model and guide
+(:mod:`~pyro_bbb.training.optimizers`). Each concern of a run is a part with a name, read
+and tested on its own: the minibatches (:mod:`~pyro_bbb.training.minibatches`), the process
+group (:mod:`~pyro_bbb.training.distributed`), checkpoints and resuming
+(:mod:`~pyro_bbb.training.checkpoint`), the hooks (:mod:`~pyro_bbb.training.callbacks`) and
+the collapse check (:mod:`~pyro_bbb.infer.collapse`); this module sets them up in order and
+runs the epochs.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
+from typing import Any
+
+import pyro
+import pyro.poutine as poutine
+import torch
+from torch.utils.data import DataLoader
+
+from .._devices import cuda_devices, device_of
+from .._validation import check_int, check_positive_number
+from ..infer.collapse import FRACTION_THRESHOLD as COLLAPSE_FRACTION
+from ..infer.collapse import CollapseMonitor, diagnose_collapse, warn_if_collapsed
+from ..infer.elbo import AnnealedELBO, ELBOTerms
+from ..infer.fused import FusedELBO, fused_elbo
+from ..infer.reparam import estimator
+from ..infer.schedules import ScheduleLike, as_schedule, delayed_warmup
+from .callbacks import Callback
+from .checkpoint import Checkpointing, FitState, fit_options
+from .distributed import DataParallel, data_parallel
+from .history import History
+from .minibatches import Batches, check_likelihood_scale, make_batches
+from .optimizers import OptimizerSpec, make_optimizer
+from .steps import EpochRecord, Steps
+
+__all__ = ["fit"]
+
+
+def fit(
+    model: Callable[..., Any],
+    guide: Callable[..., Any],
+    x: torch.Tensor | DataLoader,
+    y: torch.Tensor | None = None,
+    *,
+    epochs: int = 100,
+    batch_size: int | None = None,
+    lr: float = 1e-2,
+    optimizer: OptimizerSpec | None = None,
+    beta: ScheduleLike | None = None,
+    num_particles: int = 1,
+    reparam: str | None = None,
+    device: str | torch.device | None = None,
+    seed: int | None = None,
+    progress: bool | None = None,
+    callbacks: Iterable[Callback] = (),
+    shuffle: bool = True,
+    checkpoint: str | os.PathLike | None = None,
+    checkpoint_every: int | None = None,
+    resume: str | os.PathLike | None = None,
+) -> History:
+    r"""Train a guide (and the model's point-estimated parameters) by maximising the ELBO.
+
+    Each step draws a minibatch of ``B`` of the ``N`` points, estimates
+    :math:`-\mathcal{L}_\beta = \frac{N}{B}\sum_{i \in \text{batch}} -\log p(y_i|w)
+    + \beta\,\mathrm{KL}(q\|p)` with :class:`~pyro_bbb.infer.elbo.AnnealedELBO`, and takes one
+    optimiser step. β comes from ``beta(t)`` with ``t`` in epochs, fractional within an
+    epoch.
+
+    **Data-parallel.** When ``torch.distributed`` is initialised (the script called
+    ``torch.distributed.init_process_group()`` and was launched by ``torchrun``), ``fit``
+    trains on ``W`` processes with no other change: each takes its share of the tensor data
+    as ``DistributedSampler`` would (one permutation per epoch, rank-strided), ``batch_size``
+    is the batch *per process* (the DDP convention), parameters start as rank 0's, gradients
+    are averaged every step, and the objective is the single-process one with a batch of
+    ``W·batch_size``. Initialisation is shared; Monte Carlo noise is seeded ``seed + rank``.
+    The History is averaged over processes and recorded on each; only rank 0 shows progress
+    and writes checkpoints. :mod:`pyro_bbb.training.distributed` has the details.
+
+    **What a step costs.** The data are checked once, and Pyro's validation (when enabled,
+    as by ``pyro.enable_validation(True)``) checks the distributions of the first step once,
+    before training; the steps then do only the arithmetic. For a :class:`~pyro_bbb.BNN`
+    under :class:`~pyro_bbb.MeanFieldGuide` or :class:`~pyro_bbb.LowRankGuide` a step
+    evaluates the same ELBO, with the same random draws, without tracing the two programs
+    (:mod:`~pyro_bbb.infer.fused`); every other model, guide or handler is traced.
+
+    **Checkpoints.** ``checkpoint=PATH`` writes, atomically, every ``checkpoint_every``
+    epochs and at the end, what a bit-identical resume needs: parameters, optimiser state,
+    History and every random state. ``resume=PATH`` continues such a fit up to ``epochs``
+    in total; ``resume`` and ``checkpoint`` may name the same file.
+
+    Args:
+        model: A :class:`~pyro_bbb.BNN` (or any Pyro model ``model(x, y)`` with a data plate
+            of size ``num_data``).
+        guide: A guide for ``model``: :class:`~pyro_bbb.MeanFieldGuide` or any
+            reparameterised Pyro guide, e.g. ``AutoNormal(model)``.
+        x: Features ``(N, *features)``, or a ``DataLoader`` yielding ``(x, y)`` batches (then
+            ``y`` must be ``None`` and ``batch_size``/``shuffle`` are the loader's).
+        y: Targets ``(N,)`` or ``(N, dim)``.
+        epochs: Passes over the data.
+        batch_size: Minibatch size ``B`` per process; ``None`` for the full batch (the
+            process's whole share of the data).
+        lr: Learning rate of the default Adam optimiser.
+        optimizer: A ``torch.optim.Optimizer`` class (built with ``lr``) or a function from the
+            parameter list to an optimiser. Defaults to ``torch.optim.Adam`` with its fused
+            implementation (same algorithm, one kernel over all tensors) where the
+            parameters allow it: floating point, on one CPU or CUDA device.
+        beta: KL weight: a number, a :mod:`~pyro_bbb.infer.schedules` schedule
+            (``LinearWarmup(20)``, ``SigmoidWarmup(...)``, ``CyclicalAnnealing(...)``) or any
+            callable of the epoch. ``None`` (the default) fits the likelihood first:
+            β = 0 for the first quarter of the epochs, linear to 1 by half-way, then the
+            plain ELBO (:func:`~pyro_bbb.infer.schedules.delayed_warmup`); it keeps a guide
+            started wide from settling at the prior on small data. It is drawn over
+            ``epochs``: a fit resumed with other ``epochs`` follows another schedule, so pass
+            one explicitly to extend a run. Pass ``beta=1.0`` for the plain ELBO
+            throughout, e.g. to continue a fit.
+        num_particles: Weight samples per step, vectorised.
+        reparam: Gradient estimator: ``None`` (sample the weights), ``"local"`` or
+            ``"flipout"`` (see :mod:`pyro_bbb.infer.reparam`).
+        device: Move model, guide and data here (e.g. ``"cuda"``); ``None`` keeps the
+            model's device.
+        seed: Seed for Pyro, torch and the minibatch order (on ``W`` processes: the set-up
+            and the order use ``seed``, the noise of rank ``r`` uses ``seed + r``; ``None``
+            draws one on rank 0). When resuming, the checkpoint's random states continue.
+        progress: Show a tqdm bar; ``None`` shows it when stderr is a terminal.
+        callbacks: :class:`Callback` objects.
+        shuffle: Reshuffle the data every epoch (tensor input).
+        checkpoint: File to write checkpoints to (its folder must exist), or ``None``.
+        checkpoint_every: Epochs between checkpoints, a positive int (default 1); the last
+            epoch is always written.
+        resume: A checkpoint to continue from: parameters, optimiser (including its learning
+            rate), History, β's position and random states come from it. ``model`` and
+            ``guide`` are built as for the interrupted fit; the guide need not be set up.
+            ``batch_size``, ``shuffle``, ``num_particles`` and ``reparam`` must be the
+            interrupted fit's.
+
+    Returns:
+        The :class:`History` of the fit.
+
+    Warns:
+        PosteriorCollapseWarning: When training ends with most weights at their prior and the
+            predictive mean missing structure in the data (up to 2,048 training points; see
+            :mod:`pyro_bbb.infer.collapse`); the message gives the measurements and what to
+            try.
+
+    Raises:
+        ValueError: On bad data (shapes, dtypes, NaN/inf, labels out of range, a data set
+            whose size is not the model's ``num_data``), on a model that does not scale a
+            minibatch's log-likelihood by ``N / B``, or on bad options; a ``resume`` file
+            that is not a checkpoint, is from another model, was written with another
+            ``batch_size``, ``shuffle``, ``num_particles`` or ``reparam`` (the error names
+            both values), or has done more than ``epochs`` epochs.
+        FileNotFoundError: If ``resume`` names no file.
+        FloatingPointError: When the loss becomes NaN or inf, naming the epoch, step and
+            the sites whose terms are not finite.
+    """
+    # the run: its options, processes, checkpoints, device, seed and data
+    check_int("epochs", epochs)
+    check_int("batch_size", batch_size, optional=True)
+    check_positive_number("lr", lr)
+    schedule = delayed_warmup(epochs) if beta is None else as_schedule(beta)
+    handler = estimator(reparam)
+    parallel = data_parallel()  # a world of one unless torch.distributed is initialised
+    options = fit_options(
+        x, batch_size=batch_size, shuffle=shuffle, num_particles=num_particles, reparam=reparam
+    )
+    saving = Checkpointing(
+        checkpoint, checkpoint_every, resume, epochs=epochs, world_size=parallel.world_size,
+        options=options,
+    )  # fmt: skip
+    data_device, seed = _place(model, guide, device, seed, parallel)
+    batches = make_batches(
+        model, x, y, batch_size, shuffle, data_device,
+        seed=saving.order_seed(seed), rank=parallel.rank, world_size=parallel.world_size,
+    )  # fmt: skip
+
+    # the objective, the parameters it creates, the optimiser, where the fit starts from
+    elbo = AnnealedELBO(schedule(0.0), num_particles=num_particles)
+    first = next(iter(batches()))
+    check_likelihood_scale(model, first, batches.num_data)
+    named, params, first_terms = _parameters(model, guide, elbo, handler, first)
+    fused = _fused(model, guide, elbo, reparam, first_terms, params)
+    optim = make_optimizer(optimizer, params, lr)
+    parallel.broadcast_(params)  # every process starts from rank 0's parameters
+    history = History(num_data=batches.num_data)
+    state = FitState(model, guide, named, params, optim, history, batches.seed, first)
+    _resume_or_seed(state, saving, parallel, seed)
+    monitor = CollapseMonitor(model, guide, *first)
+
+    # the epochs
+    callbacks = list(callbacks)
+    for callback in callbacks:
+        callback.on_fit_start(params, history)
+    show = (sys.stderr.isatty() if progress is None else progress) and parallel.is_main
+    bar = _Progress(epochs, show, initial=len(history))
+    done = history.steps[-1] if history.steps else 0
+    steps = Steps(
+        model, guide, elbo, handler, optim, params, parallel, callbacks, step=done, fused=fused
+    )  # fmt: skip
+    for epoch in range(len(history), epochs):
+        record = steps.epoch(batches, epoch, schedule)
+        _append(history, record, collapsed=monitor.fraction())
+        bar.update(record, elbo.beta)
+        stop = any(callback.on_epoch_end(epoch, history) for callback in callbacks)
+        saving.after_epoch(state, parallel, final=stop or epoch == epochs - 1)
+        if stop:
+            break
+    bar.close()
+    if parallel.is_main:
+        _check_collapse(model, guide, history, batches)
+    return history
+
+
+# ----------------------------------------------------------------------------- the parts
+def _place(
+    model: object,
+    guide: object,
+    device: str | torch.device | None,
+    seed: int | None,
+    parallel: DataParallel,
+) -> tuple[torch.device, int | None]:
+    """Move model and guide to this process's device and seed; return the data's device.
+
+    Under ``torch.distributed`` the device is the process's own (its local CUDA device) and
+    the seed is rank 0's (drawn there when ``None``), so that every process builds the same
+    initialisation. Returns the device the data go to and the seed, set in Pyro, torch,
+    Python and NumPy.
+    """
+    device = parallel.device(device)
+    if device is not None:
+        _move(model, device)
+        _move(guide, device)
+    data_device = device if device is not None else device_of(model)
+    seed = parallel.shared_seed(seed, data_device)
+    if seed is not None:
+        pyro.set_rng_seed(seed)
+    return data_device, seed
+
+
+def _parameters(
+    model: Callable[..., Any],
+    guide: Callable[..., Any],
+    elbo: AnnealedELBO,
+    handler: Callable[[], AbstractContextManager],
+    batch: tuple[torch.Tensor, ...],
+) -> tuple[dict[str, torch.Tensor], list[torch.Tensor], ELBOTerms]:
+    """Every parameter by param-store name, the distinct trainable ones, and the ELBO's terms.
+
+    One evaluation of the ELBO on ``batch`` creates the guide's parameters; it runs under a
+    forked random state, so the first step then draws what ``SVI``'s first step would draw
+    from the same seed. It is also the fit's one validated evaluation: with Pyro's validation
+    on, it checks the first step's distributions, and the steps then run without the checks.
+
+    Raises:
+        ValueError: If the model and guide have no trainable parameter.
+    """
+    with (
+        torch.random.fork_rng(devices=cuda_devices(model, guide)),
+        handler(),
+        poutine.trace(param_only=True) as capture,
+        torch.no_grad(),
+    ):
+        terms = elbo.terms(model, guide, *batch)
+    named = {name: site["value"].unconstrained() for name, site in capture.trace.nodes.items()}
+    params = [p for p in _unique(named.values()) if p.requires_grad]
+    if not params:
+        raise ValueError("the model and guide have no trainable parameters")
+    return named, params, terms
+
+
+def _fused(
+    model: Callable[..., Any],
+    guide: Callable[..., Any],
+    elbo: AnnealedELBO,
+    reparam: str | None,
+    first: ELBOTerms,
+    params: list[torch.Tensor],
+) -> FusedELBO | None:
+    """The fused evaluation of the steps, or ``None`` to trace model and guide every step.
+
+    Taken when :func:`~pyro_bbb.infer.fused.fused_elbo` recognises model, guide and
+    estimator, its sites are those of the traced set-up evaluation ``first`` (a network
+    whose ``forward`` issues sample statements of its own has more), and it reads only
+    parameters the optimiser trains.
+    """
+    fused = fused_elbo(model, guide, elbo, reparam)
+    trained = {id(p) for p in params}
+    if (
+        fused is None
+        or not fused.covers(first)
+        or any(id(p) not in trained for p in fused.parameters())
+    ):
+        return None
+    return fused
+
+
+def _resume_or_seed(
+    state: FitState, saving: Checkpointing, parallel: DataParallel, seed: int | None
+) -> None:
+    """Continue a checkpoint (parameters, optimiser, History, random states), or seed the noise.
+
+    A fresh fit seeds each process's Monte Carlo noise with ``seed + rank`` after the shared
+    initialisation.
+    """
+    if saving.resumed is not None:
+        saving.restore(state, parallel.rank)
+    else:
+        parallel.seed_noise(seed)
+
+
+def _append(history: History, record: EpochRecord, *, collapsed: float) -> None:
+    """Append one epoch to every list of ``history``."""
+    history.loss.append(record.loss)
+    history.loss_per_datum.append(record.loss / history.num_data)
+    history.nll.append(record.nll)
+    history.kl.append(record.kl)
+    history.beta.append(record.beta)
+    history.seconds.append(record.seconds)
+    history.steps.append(record.steps)
+    history.collapsed.append(collapsed)
+
+
+def _check_collapse(model, guide, history: History, batches: Batches) -> None:
+    """Warn with :class:`~pyro_bbb.PosteriorCollapseWarning` if the fit ended collapsed.
+
+    The per-epoch fraction of weights at their prior decides whether to look; the diagnosis
+    then compares the predictive mean's residual on up to 2,048 training points with a
+    nearest-neighbour average's.
+    """
+    if history.collapsed and history.collapsed[-1] >= COLLAPSE_FRACTION:
+        warn_if_collapsed(diagnose_collapse(model, guide, *batches.sample(2048)), stacklevel=4)
+
+
+# ----------------------------------------------------------------------------- helpers
+def _move(module: object, device: torch.device) -> None:
+    if isinstance(module, torch.nn.Module):
+        module.to(device)
+
+
+def _unique(tensors: Iterable[torch.Tensor]) -> list[torch.Tensor]:
+    seen: dict[int, torch.Tensor] = {}
+    for t in tensors:
+        seen.setdefault(id(t), t)
+    return list(seen.values())
+
+
+class _Progress:
+    """A tqdm bar over the epochs with the last epoch's losses, or nothing if not shown."""
+
+    def __init__(self, epochs: int, show: bool, initial: int = 0) -> None:
+        self._bar = None
+        if show:
+            from tqdm.auto import tqdm
+
+            self._bar = tqdm(
+                total=epochs, initial=initial, desc="fit", unit="epoch", dynamic_ncols=True
+            )
+
+    def update(self, record: EpochRecord, beta: float) -> None:
+        if self._bar is not None:
+            self._bar.update(1)
+            self._bar.set_postfix(
+                loss=f"{record.loss:.4g}", nll=f"{record.nll:.4g}", kl=f"{record.kl:.4g}",
+                beta=f"{beta:.2g}",
+            )  # fmt: skip
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()

@@ -1,0 +1,277 @@
+"""Minibatches for :func:`~pyro_bbb.fit`: from tensors or a ``DataLoader``, checked once.
+
+:func:`make_batches` turns ``(x, y)`` tensors or a ``DataLoader`` into a re-iterable source
+of minibatches already on the training device, and checks the data against the model
+(dtype, NaN/inf, rows, the likelihood's targets, the model's ``num_data``) with errors that
+name the argument. The order of tensor data is :func:`epoch_order`: a function of a seed and
+the epoch only, drawn as ``torch.utils.data.DistributedSampler`` draws it, so that every
+process of a data-parallel fit agrees on it, a resumed fit continues it, and Monte Carlo
+noise never shifts it. :func:`check_likelihood_scale` checks that the model scales a
+minibatch's log-likelihood by :math:`N/B`. Nothing here trains.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import pyro.poutine as poutine
+import torch
+from pyro.poutine.util import site_is_subsample
+from torch.utils.data import DataLoader, DistributedSampler
+
+from .._devices import cuda_devices
+from .._validation import (
+    check_dtype,
+    check_finite_tensor,
+    check_floating_tensor,
+    check_has_values,
+    check_same_rows,
+)
+
+__all__ = ["Batches", "check_likelihood_scale", "epoch_order", "make_batches"]
+
+
+class Batches:
+    """Re-iterable minibatches of tensors already on the training device, or a loader."""
+
+    def __init__(
+        self,
+        make: Callable[[int], Iterable],
+        num_steps: int,
+        num_data: int,
+        seed: int | None,
+        rows: Callable[[int], tuple[torch.Tensor, torch.Tensor]] | None = None,
+    ) -> None:
+        self._make, self._num_steps, self.num_data = make, num_steps, num_data
+        #: The seed of the order (tensor input), ``None`` for a loader.
+        self.seed = seed
+        self._rows = rows
+
+    def __call__(self, epoch: int = 0) -> Iterable:
+        """Epoch ``epoch``'s minibatches, ``(x, y)`` pairs."""
+        return self._make(epoch)
+
+    def sample(self, max_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Up to ``max_rows`` training points, ``(x, y)``, without using the random state.
+
+        A fixed random subset of tensor data; the first batch of a ``DataLoader``.
+        """
+        if self._rows is not None:
+            return self._rows(max_rows)
+        return next(iter(self._make(0)))
+
+    def __len__(self) -> int:
+        return self._num_steps
+
+
+def epoch_order(
+    num_data: int,
+    epoch: int,
+    *,
+    seed: int = 0,
+    shuffle: bool = True,
+    rank: int = 0,
+    world_size: int = 1,
+) -> torch.Tensor:
+    """The indices one process visits in one epoch, as ``DistributedSampler`` draws them.
+
+    The permutation of ``range(num_data)`` comes from a generator seeded with
+    ``seed + epoch`` (the same on every process); it is padded by repeating its start to a
+    multiple of ``world_size``, and process ``rank`` takes every ``world_size``-th index from
+    ``rank`` on. Minibatch ``k`` of ``B`` rows on every process together is then the slice
+    ``[k·world_size·B, (k+1)·world_size·B)`` of the permutation: the minibatch of one
+    process with ``world_size·B`` rows.
+
+    Args:
+        num_data: ``N``, the number of data points.
+        epoch: The epoch, from 0.
+        seed: The seed of the order.
+        shuffle: Permute; ``False`` keeps ``range(N)`` (then padded and strided).
+        rank: This process's rank.
+        world_size: The number of processes.
+
+    Returns:
+        ``(ceil(N / world_size),)`` int64 indices, on the CPU.
+    """
+    if shuffle:
+        generator = torch.Generator().manual_seed(seed + epoch)
+        order = torch.randperm(num_data, generator=generator)
+    else:
+        order = torch.arange(num_data)
+    total = math.ceil(num_data / world_size) * world_size
+    if total > num_data:
+        order = order.repeat(math.ceil(total / num_data))[:total]
+    return order[rank:total:world_size]
+
+
+def make_batches(
+    model: Callable[..., Any],
+    x: torch.Tensor | DataLoader,
+    y: torch.Tensor | None,
+    batch_size: int | None,
+    shuffle: bool,
+    device: torch.device,
+    *,
+    seed: int | None = None,
+    rank: int = 0,
+    world_size: int = 1,
+) -> Batches:
+    """Check the data and return its minibatches on ``device``.
+
+    Args:
+        model: The model; its ``num_data``, ``net`` and ``likelihood`` are read if present.
+        x: Features ``(N, *features)``, or a ``DataLoader`` of ``(x, y)`` batches.
+        y: Targets ``(N[, dim])``, or ``None`` with a loader.
+        batch_size: Rows per step and process; ``None`` for the process's whole shard.
+        shuffle: Draw a new order every epoch (tensor input).
+        device: Where the batches go.
+        seed: Seed of the order of tensor data (:func:`epoch_order`); ``None`` draws one
+            from torch's global generator.
+        rank: This process's rank in a data-parallel fit.
+        world_size: The number of processes; tensor data is split between them.
+
+    Returns:
+        :class:`Batches`: ``batches(epoch)`` iterates one epoch, ``len(batches)`` is its
+        steps.
+
+    Raises:
+        TypeError: If ``x``/``y`` are neither tensors nor a loader and ``None``.
+        ValueError: On bad data, or a data set whose size is not the model's ``num_data``.
+    """
+    num_data = getattr(model, "num_data", None)
+    if isinstance(x, DataLoader):
+        if y is not None:
+            raise ValueError("y must be None when x is a DataLoader (it yields (x, y) pairs)")
+        size = len(x.dataset) if hasattr(x.dataset, "__len__") else None
+        if num_data is not None and size is not None and size != num_data:
+            raise ValueError(
+                f"the DataLoader's dataset has {size} points but model.num_data={num_data}"
+            )
+        sampler = getattr(x.batch_sampler, "sampler", None) or x.sampler
+        if world_size > 1 and not isinstance(sampler, DistributedSampler):
+            warnings.warn(
+                f"fit runs on {world_size} processes but the DataLoader's sampler is a "
+                f"{type(sampler).__name__}: every process iterates the whole data set. Give "
+                "it sampler=torch.utils.data.DistributedSampler(dataset).",
+                stacklevel=3,
+            )
+        set_epoch = getattr(sampler, "set_epoch", None)
+        widths: dict[str, int] = {}
+
+        def loader_batches(epoch: int):
+            if set_epoch is not None:  # a DistributedSampler reshuffles only when told
+                set_epoch(epoch)
+            for batch in x:
+                xb, yb = (t.to(device, non_blocking=True) for t in batch)
+                _check_data(model, xb, yb, widths)
+                yield xb, yb
+
+        return Batches(loader_batches, len(x), num_data or size or 1, None)
+
+    if not isinstance(x, torch.Tensor) or not isinstance(y, torch.Tensor):
+        raise TypeError(
+            "x and y must be tensors (or x a DataLoader and y None), got "
+            f"{type(x).__name__} and {type(y).__name__}"
+        )
+    check_has_values("x", x)
+    check_has_values("y", y)
+    x, y = x.to(device), y.to(device)
+    _check_data(model, x, y)
+    n = x.shape[0]
+    if num_data is not None and n != num_data:
+        raise ValueError(
+            f"x has {n} rows but model.num_data={num_data}; num_data must be the training-set "
+            "size for the KL to be weighted correctly"
+        )
+    shard = math.ceil(n / world_size)
+    size = shard if batch_size is None else min(batch_size, shard)
+    num_steps = math.ceil(shard / size)
+    # One process that visits every row in one step needs no order: the sum is the same.
+    ordered = world_size > 1 or (shuffle and size < n)
+    if seed is None and ordered and shuffle:
+        seed = int(torch.randint(0, 2**31 - 1, ()))
+
+    def tensor_batches(epoch: int):
+        if not ordered:
+            for k in range(num_steps):
+                yield x[k * size : (k + 1) * size], y[k * size : (k + 1) * size]
+            return
+        order = epoch_order(
+            n, epoch, seed=seed or 0, shuffle=shuffle, rank=rank, world_size=world_size
+        ).to(device)
+        for k in range(num_steps):
+            idx = order[k * size : (k + 1) * size]
+            yield x[idx], y[idx]
+
+    def rows(max_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if n <= max_rows:
+            return x, y
+        generator = torch.Generator().manual_seed(0)
+        index = torch.randperm(n, generator=generator)[:max_rows].to(device)
+        return x[index], y[index]
+
+    return Batches(tensor_batches, num_steps, num_data or n, seed, rows)
+
+
+def _check_data(model, x: torch.Tensor, y: torch.Tensor, widths: dict | None = None) -> None:
+    """Validate data by reading its values (dtype, NaN/inf, shapes, labels).
+
+    ``widths`` caches the network's output width across the batches of a loader, so the
+    network runs once per fit for this check, not once per batch.
+    """
+    check_floating_tensor("x", x)
+    check_dtype("x", x, getattr(model, "dtype", None))
+    check_finite_tensor("x", x)
+    check_same_rows(x, y)
+    likelihood = getattr(model, "likelihood", None)
+    net = getattr(model, "net", None)
+    if likelihood is not None and net is not None:
+        widths = {} if widths is None else widths
+        if "out" not in widths:
+            with torch.no_grad(), poutine.block():
+                widths["out"] = net(x[:1]).shape[-1]
+        likelihood.check_target(y, widths["out"])
+
+
+def check_likelihood_scale(
+    model: Callable[..., Any], batch: Sequence[torch.Tensor], num_data: int
+) -> None:
+    r"""Check that the model scales a minibatch's log-likelihood by :math:`N/B`.
+
+    The ELBO counts the KL once per step and relies on the model to weight a batch of ``B``
+    of the ``N`` points by :math:`N/B`, as a subsampled ``pyro.plate("data", N,
+    subsample=...)`` does (:class:`~pyro_bbb.BNN` has one). A model whose data plate is
+    sized by the batch instead would silently weight the KL :math:`N/B` times too much. The
+    model is traced once on ``batch``, with weights from the prior, and every observed site's
+    scale is compared with :math:`N/B`; nothing is checked when ``B = N``.
+
+    Args:
+        model: The Pyro model ``model(x, y)``.
+        batch: The first minibatch ``(x, y)``.
+        num_data: ``N``, the size of the training set.
+
+    Raises:
+        ValueError: Naming the site, its scale and the expected :math:`N/B`.
+    """
+    size = batch[0].shape[0]
+    if size == num_data:
+        return
+    expected = num_data / size
+    with torch.random.fork_rng(devices=cuda_devices(*batch)), torch.no_grad(), poutine.block():
+        trace = poutine.trace(model).get_trace(*batch)
+    for name, site in trace.nodes.items():
+        if site["type"] != "sample" or not site["is_observed"] or site_is_subsample(site):
+            continue
+        scale = float(site["scale"])
+        if not math.isclose(scale, expected, rel_tol=1e-5):
+            raise ValueError(
+                f"the model's observed site {name!r} has its log-likelihood scaled by "
+                f"{scale:g} on a minibatch of {size} of the {num_data} training points, but "
+                f"by N/B = {expected:g} is needed, or the KL is weighted {expected / scale:g} "
+                f"times too much. Put the site in pyro.plate('data', {num_data}, "
+                "subsample=...) sized by the whole training set (as pyro_bbb.BNN does), or "
+                "train full batch (batch_size=None); to temper, use beta= instead"
+            )

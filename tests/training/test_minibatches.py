@@ -1,0 +1,77 @@
+"""Tests of pyro_bbb.training.minibatches: the data order, its shards, and loaders."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+import pyro_bbb as bbb
+from pyro_bbb.training.minibatches import epoch_order, make_batches
+
+CPU = torch.device("cpu")
+
+
+@pytest.mark.parametrize("num_data", [1, 5, 7, 64])
+@pytest.mark.parametrize("world_size", [1, 2, 3, 8])
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_each_process_visits_the_indices_distributed_sampler_gives_it(
+    num_data, world_size, shuffle
+):
+    for epoch in (0, 3):
+        for rank in range(world_size):
+            sampler = DistributedSampler(
+                range(num_data), num_replicas=world_size, rank=rank, shuffle=shuffle, seed=11
+            )
+            sampler.set_epoch(epoch)
+            order = epoch_order(
+                num_data, epoch, seed=11, shuffle=shuffle, rank=rank, world_size=world_size
+            )
+            assert order.tolist() == list(sampler)
+
+
+def test_the_order_depends_on_the_seed_and_epoch_only():
+    first = epoch_order(100, 2, seed=5)
+    torch.rand(10)  # drawing elsewhere does not move it
+    assert torch.equal(epoch_order(100, 2, seed=5), first)
+    assert not torch.equal(epoch_order(100, 3, seed=5), first)
+    assert sorted(first.tolist()) == list(range(100))
+
+
+def _model(num_data):
+    return bbb.BNN(bbb.mlp([2, 4, 1]), bbb.likelihoods.Gaussian(), num_data=num_data)
+
+
+@pytest.mark.parametrize("num_data", [64, 61])
+def test_minibatches_of_all_processes_together_are_one_process_batch_of_their_total(num_data):
+    x = torch.arange(num_data, dtype=torch.float32).unsqueeze(-1).repeat(1, 2)
+    y = torch.zeros(num_data)
+    model = _model(num_data)
+    one = make_batches(model, x, y, 16, True, CPU, seed=3)
+    two = [make_batches(model, x, y, 8, True, CPU, seed=3, rank=r, world_size=2) for r in (0, 1)]
+    assert len(two[0]) == len(two[1]) == len(one)  # every process takes the same steps
+    for epoch in (0, 1):
+        steps = zip(one(epoch), two[0](epoch), two[1](epoch), strict=True)
+        for (xb, _), (x0, _), (x1, _) in steps:
+            together = torch.cat([x0, x1])[:, 0].sort().values
+            if num_data % 16 == 0:
+                assert torch.equal(together, xb[:, 0].sort().values)
+            else:  # the padded last step repeats points, as DistributedSampler does
+                assert set(together.tolist()) >= set(xb[:, 0].tolist())
+
+
+def test_a_multi_process_loader_without_a_distributed_sampler_warns():
+    data = TensorDataset(torch.randn(8, 2), torch.randn(8))
+    with pytest.warns(UserWarning, match=r"every process iterates the whole data set"):
+        make_batches(_model(8), DataLoader(data, batch_size=4), None, None, True, CPU, world_size=2)
+
+
+def test_a_distributed_sampler_is_told_the_epoch_so_it_reshuffles():
+    data = TensorDataset(torch.arange(16.0).unsqueeze(-1).repeat(1, 2), torch.zeros(16))
+    sampler = DistributedSampler(data, num_replicas=2, rank=1, seed=0)
+    loader = DataLoader(data, batch_size=8, sampler=sampler)
+    batches = make_batches(_model(16), loader, None, None, True, CPU, rank=1, world_size=2)
+    seen = [next(iter(batches(epoch)))[0][:, 0].tolist() for epoch in (0, 1)]
+    assert sampler.epoch == 1
+    assert seen[0] != seen[1]
+    assert seen[1] == epoch_order(16, 1, seed=0, rank=1, world_size=2).float().tolist()
