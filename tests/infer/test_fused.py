@@ -17,7 +17,7 @@ from pyro.nn import PyroModule
 from torch import nn
 
 import pyro_bbb.training.loop as training
-from pyro_bbb import BNN, LowRankGuide, MeanFieldGuide, bayesianize, fit, likelihoods, mlp
+from pyro_bbb import BNN, Callback, LowRankGuide, MeanFieldGuide, bayesianize, fit, likelihoods, mlp
 from pyro_bbb.infer import AnnealedELBO
 from pyro_bbb.infer.fused import fused_elbo
 from pyro_bbb.infer.reparam import estimator
@@ -323,3 +323,19 @@ def test_without_validation_a_bad_distribution_argument_is_still_stopped_as_a_na
     model.likelihood.scale.fill_(-1.0)
     with pyro.validation_enabled(False), pytest.raises(FloatingPointError, match="'obs'"):
         fit(model, MeanFieldGuide(model), x, y, epochs=1, batch_size=B, progress=False)
+
+
+def test_the_steps_do_not_validate_a_bad_argument_mid_training_stops_as_a_nan():
+    """Validated once, before training: later the loss's finiteness check stops the fit."""
+
+    model, _, _ = _problem(likelihood="gaussian_fixed_2d")
+    x, y = torch.randn(N, 3), torch.randn(N, 2)
+
+    class Negate(Callback):
+        def on_epoch_end(self, epoch, history):
+            if epoch == 0:
+                model.likelihood.scale.fill_(-1.0)
+
+    with pyro.validation_enabled(True), pytest.raises(FloatingPointError, match=r"epoch 1.*'obs'"):
+        fit(model, MeanFieldGuide(model), x, y, epochs=3, batch_size=B, callbacks=[Negate()],
+            progress=False)  # fmt: skip
