@@ -327,7 +327,6 @@ def test_without_validation_a_bad_distribution_argument_is_still_stopped_as_a_na
 
 def test_the_steps_do_not_validate_a_bad_argument_mid_training_stops_as_a_nan():
     """Validated once, before training: later the loss's finiteness check stops the fit."""
-
     model, _, _ = _problem(likelihood="gaussian_fixed_2d")
     x, y = torch.randn(N, 3), torch.randn(N, 2)
 
