@@ -41,13 +41,14 @@ from .infer import (
     save,
 )
 from .model import BNN
-from .nn import BayesianAffine, bayesianize, mlp
+from .nn import BayesianAffine, BayesianModule, bayesianize, mlp, summary
 
 __version__ = "0.1.0"
 
 __all__ = [
     "BNN",
     "BayesianAffine",
+    "BayesianModule",
     "Callback",
     "ClassificationPrediction",
     "Comparison",
@@ -76,5 +77,6 @@ __all__ = [
     "psis_khat",
     "run_nuts",
     "save",
+    "summary",
     "to_inference_data",
 ]

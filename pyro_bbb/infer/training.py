@@ -32,7 +32,7 @@ from .distributed import data_parallel
 from .elbo import AnnealedELBO, ELBOTerms
 from .history import History
 from .minibatches import check_likelihood_scale, make_batches
-from .reparam import estimator
+from .reparam import estimator, warn_mixed_estimators
 from .schedules import ScheduleLike, as_schedule, delayed_warmup
 
 __all__ = ["Callback", "fit"]
@@ -130,7 +130,9 @@ def fit(
             throughout, e.g. to continue a fit.
         num_particles: Weight samples per step, vectorised.
         reparam: Gradient estimator: ``None`` (sample the weights), ``"local"`` or
-            ``"flipout"`` (see :mod:`pyro_bbb.infer.reparam`).
+            ``"flipout"`` (see :mod:`pyro_bbb.infer.reparam`). It applies to the affine
+            layers (Linear, ConvNd, ConvTransposeNd); any other Bayesian layer is drawn by
+            weight sampling, and a warning lists them (``model.summary(reparam=...)`` too).
         device: Move model, guide and data here (e.g. ``"cuda"``); ``None`` keeps the
             model's device.
         seed: Seed for Pyro, torch and the minibatch order (on ``W`` processes: the set-up
@@ -170,6 +172,7 @@ def fit(
     check_positive_number("lr", lr)
     schedule = delayed_warmup(epochs) if beta is None else as_schedule(beta)
     handler = estimator(reparam)
+    warn_mixed_estimators(model, reparam)
     parallel = data_parallel()  # a world of one unless torch.distributed is initialised
     saving = Checkpointing(
         checkpoint, checkpoint_every, resume, epochs=epochs, world_size=parallel.world_size
