@@ -23,7 +23,7 @@ from torch.nn.modules.conv import _ConvNd, _ConvTransposeNd
 
 from ..priors import Gaussian, PriorSpec, resolve_prior
 from .affine import AffineMap, ConvMap, LinearMap
-from .layers import BayesianAffine, fold_sample_dims
+from .layers import BayesianAffine, fold_sample_dims, freeze_parameter
 from .module_layer import BayesianModule
 
 __all__ = ["bayesianize", "mlp"]
@@ -94,6 +94,8 @@ def bayesianize(
     :class:`~pyro_bbb.nn.module_layer.BayesianModule`, which draws the parameters and runs the
     module on them (weight sampling). Parameters kept deterministic are learned as point
     estimates; :func:`~pyro_bbb.nn.summary.summary` lists every parameter and what it became.
+    A parameter frozen with ``requires_grad=False`` and kept deterministic stays frozen (it is
+    held as a buffer of the same name, out of Pyro's param store).
     Layers that accept only 4-D inputs (2-D pooling, ``BatchNorm2d``, ``InstanceNorm2d``,
     ``Dropout2d``) are given a forward that folds the weights' sample dims into the batch,
     so vectorised particles and predictions work through them. A reshape of your own (e.g.
@@ -185,6 +187,9 @@ class _Selection:
                 setattr(module, name, converted)
         priors = self.priors(module, path)
         if not priors:
+            for name, value in list(module.named_parameters(recurse=False)):
+                if not value.requires_grad:
+                    freeze_parameter(module, name, value.detach())
             return module
         self.num_sites += len(priors)
         affine = _affine_of(module)

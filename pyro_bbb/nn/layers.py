@@ -22,7 +22,31 @@ from torch import nn
 from ..priors import PriorSpec
 from .affine import AffineMap, ConvMap, bayesian_affine
 
-__all__ = ["BayesianAffine", "BayesianLayer", "fold_sample_dims", "initial_values"]
+__all__ = [
+    "BayesianAffine",
+    "BayesianLayer",
+    "fold_sample_dims",
+    "freeze_parameter",
+    "initial_values",
+]
+
+#: The attribute listing a module's frozen parameters (kept as buffers).
+FROZEN = "_frozen_parameters"
+
+
+def freeze_parameter(module: nn.Module, name: str, value: torch.Tensor) -> None:
+    """Keep a frozen (``requires_grad=False``) parameter of ``module`` as a buffer.
+
+    Pyro's param store makes every parameter it holds trainable, and a ``PyroModule`` puts
+    its parameters there, so a parameter the user froze (a trained body under a Bayesian
+    head) is held as a buffer of the same name: the forward reads it as before, it moves
+    with ``.to()`` and stays in the ``state_dict``, and no optimiser sees it.
+    """
+    module._parameters.pop(name, None)
+    module.register_buffer(name, value)
+    frozen = module.__dict__.setdefault(FROZEN, [])
+    if name not in frozen:
+        frozen.append(name)
 
 
 class _SitePrior:
@@ -87,9 +111,10 @@ class BayesianLayer(PyroModule):
             self.register_buffer(f"{name}_init", value.detach().clone(), persistent=False)
             self.fan_in[name] = fan_in
             setattr(self, name, PyroSample(_SitePrior(name)))
+        elif not value.requires_grad:
+            freeze_parameter(self, name, value.detach().clone())
         else:
-            param = nn.Parameter(value.detach().clone(), requires_grad=value.requires_grad)
-            setattr(self, name, param)
+            setattr(self, name, nn.Parameter(value.detach().clone()))
 
     @property
     def bayesian_parameters(self) -> tuple[str, ...]:

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from .affine import ConvMap
-from .layers import BayesianAffine, BayesianLayer
+from .layers import FROZEN, BayesianAffine, BayesianLayer
 
 __all__ = ["NetworkSummary", "ParameterSummary", "summary"]
 
@@ -36,6 +36,7 @@ class ParameterSummary:
         prior: The prior's ``repr`` (``""`` for a point estimate).
         estimator: ``"local"``, ``"flipout"`` or ``"weight sampling"`` for a site;
             ``"point estimate"`` otherwise.
+        trainable: ``False`` for a point estimate with ``requires_grad=False`` (frozen).
     """
 
     name: str
@@ -45,6 +46,7 @@ class ParameterSummary:
     shape: tuple[int, ...]
     prior: str
     estimator: str
+    trainable: bool = True
 
     @property
     def count(self) -> int:
@@ -79,6 +81,7 @@ class NetworkSummary:
         ]
         for p in self.parameters:
             kind = "Bayesian" if p.bayesian else "point estimate"
+            kind += "" if p.trainable else " (frozen)"
             shape = "×".join(map(str, p.shape)) or "scalar"
             lines.append(
                 f"| {p.name} | {p.module_type} | {kind} | {shape} | {p.prior or '-'} | "
@@ -111,6 +114,13 @@ def _type_name(module: nn.Module) -> str:
     return next(c for c in type(module).__mro__ if not c.__name__.startswith("Pyro")).__name__
 
 
+def _point_estimate(name: str, path: str, kind: str, value: torch.Tensor) -> ParameterSummary:
+    shape = tuple(value.shape)
+    return ParameterSummary(
+        name, path, kind, False, shape, "", "point estimate", value.requires_grad
+    )
+
+
 def _rows(module: nn.Module, path: str, reparam: str | None) -> Iterator[ParameterSummary]:
     kind = _type_name(module)
     if isinstance(module, BayesianLayer):
@@ -125,15 +135,14 @@ def _rows(module: nn.Module, path: str, reparam: str | None) -> Iterator[Paramet
                 shape = tuple(module.parameter_shape(name))
                 yield ParameterSummary(_join(path, name), path, kind, True, shape, prior, estimator)
             elif module._parameters.get(name) is not None:
-                shape = tuple(module._parameters[name].shape)
-                yield ParameterSummary(
-                    _join(path, name), path, kind, False, shape, "", "point estimate"
-                )
+                yield _point_estimate(_join(path, name), path, kind, module._parameters[name])
+            elif name in module.__dict__.get(FROZEN, ()):
+                yield _point_estimate(_join(path, name), path, kind, module._buffers[name])
     else:
         for name, value in module.named_parameters(recurse=False):
-            yield ParameterSummary(
-                _join(path, name), path, kind, False, tuple(value.shape), "", "point estimate"
-            )
+            yield _point_estimate(_join(path, name), path, kind, value)
+        for name in module.__dict__.get(FROZEN, ()):
+            yield _point_estimate(_join(path, name), path, kind, module._buffers[name])
     unnamed = getattr(module, "unnamed_children", ())
     for name, child in module.named_children():
         yield from _rows(child, path if name in unnamed else _join(path, name), reparam)

@@ -69,3 +69,17 @@ def test_fit_of_an_affine_network_with_an_estimator_does_not_warn():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         bbb.fit(model, bbb.MeanFieldGuide(model), x, y, epochs=1, reparam="local", progress=False)
+
+
+def test_a_frozen_body_under_a_bayesian_head_is_listed_as_frozen_and_is_not_trained():
+    trained = nn.Sequential(nn.Linear(2, 3), nn.Tanh(), nn.Linear(3, 1))
+    for param in trained[0].parameters():
+        param.requires_grad_(False)
+    model = bbb.BNN(bayesianize(trained, only="2.*"), bbb.likelihoods.Gaussian(scale=0.5), 8)
+    table = model.summary()
+    assert [p.name for p in table.deterministic if not p.trainable] == ["0.weight", "0.bias"]
+    assert "| 0.weight | Linear | point estimate (frozen) | 3×2 |" in str(table)
+    before = trained[0].weight.detach().clone()
+    bbb.fit(model, bbb.MeanFieldGuide(model), torch.randn(8, 2), torch.randn(8), epochs=3,
+            progress=False)  # fmt: skip
+    assert torch.equal(model.net[0].weight, before)
