@@ -24,7 +24,7 @@ from ._validation import (
 )
 from .likelihoods import Likelihood
 from .nn.layers import BayesianLayer
-from .nn.summary import NetworkSummary, summary
+from .nn.network_summary import NetworkSummary, summary
 
 __all__ = ["BNN"]
 
@@ -62,7 +62,7 @@ class BNN(PyroModule):
     max_plate_nesting = 1
     #: Name of the observation site.
     observation_site = "obs"
-    #: The network's names do not appear in site names (see :func:`~pyro_bbb.nn.summary`).
+    #: The network's names do not appear in site names (see :func:`~pyro_bbb.nn.network_summary`).
     unnamed_children = ("net",)
 
     def __init__(
@@ -117,7 +117,8 @@ class BNN(PyroModule):
     def summary(self, *, reparam: str | None = None) -> NetworkSummary:
         """Every parameter: sample site or point estimate, shape, prior, estimator, size.
 
-        ``print(model.summary())`` prints the table; see :func:`~pyro_bbb.nn.summary.summary`.
+        ``print(model.summary())`` prints the table; see
+        :func:`~pyro_bbb.nn.network_summary.summary`.
         """
         return summary(self, reparam=reparam)
 

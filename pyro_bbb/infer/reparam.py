@@ -52,7 +52,7 @@ from pyro.poutine.util import site_is_subsample
 
 from .._shapes import broadcast_shape, collapse_broadcast
 from ..nn.affine import AffineMap, sample_shape
-from ..nn.summary import WEIGHT_SAMPLING, summary
+from ..nn.network_summary import WEIGHT_SAMPLING, summary
 from .sites import BLOCK_KEY
 
 __all__ = ["estimator", "estimators_by_layer", "flipout", "local_reparameterization"]

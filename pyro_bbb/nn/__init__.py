@@ -9,7 +9,7 @@
   sampling;
 * :mod:`~pyro_bbb.nn.builders`: :func:`bayesianize` any ``nn.Module``, or build an
   :func:`mlp` in one call;
-* :mod:`~pyro_bbb.nn.summary`: :func:`summary`, a table of every parameter of a network;
+* :mod:`~pyro_bbb.nn.network_summary`: :func:`summary`, a table of every parameter of a network;
 * :mod:`~pyro_bbb.nn.multi_head`: :class:`MultiHead`, a shared body with one head per task.
 
 Nothing in this package knows of guides, training or evaluation.
@@ -20,7 +20,7 @@ from .builders import bayesianize, mlp
 from .layers import BayesianAffine, BayesianLayer, initial_values
 from .module_layer import BayesianModule
 from .multi_head import MultiHead
-from .summary import summary
+from .network_summary import summary
 
 __all__ = [
     "AffineMap",

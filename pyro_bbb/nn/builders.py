@@ -93,7 +93,8 @@ def bayesianize(
     convolution padded other than with zeros) is wrapped in a
     :class:`~pyro_bbb.nn.module_layer.BayesianModule`, which draws the parameters and runs the
     module on them (weight sampling). Parameters kept deterministic are learned as point
-    estimates; :func:`~pyro_bbb.nn.summary.summary` lists every parameter and what it became.
+    estimates; :func:`~pyro_bbb.nn.network_summary.summary` lists every parameter and what it
+    became.
     A parameter frozen with ``requires_grad=False`` and kept deterministic stays frozen (it is
     held as a buffer of the same name, out of Pyro's param store).
     Layers that accept only 4-D inputs (2-D pooling, ``BatchNorm2d``, ``InstanceNorm2d``,

@@ -60,7 +60,8 @@ class BayesianModule(BayesianLayer):
         ValueError: If a prior names no direct floating-point parameter of ``module``.
     """
 
-    #: The wrapped module's names do not appear in site names (see :func:`~pyro_bbb.nn.summary`).
+    #: The wrapped module's names do not appear in site names (see
+    #: :func:`~pyro_bbb.nn.network_summary.summary`).
     unnamed_children = ("module",)
 
     def __init__(

@@ -1,4 +1,4 @@
-"""Tests of pyro_bbb.nn.summary: every parameter listed, Bayesian or point estimate."""
+"""Tests of pyro_bbb.nn.network_summary: every parameter listed, Bayesian or point estimate."""
 
 from __future__ import annotations
 
