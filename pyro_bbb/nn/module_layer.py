@@ -48,7 +48,11 @@ class BayesianModule(BayesianLayer):
     Weights drawn with sample dims ``(P, 1, *shape)`` or ``(P, *shape)`` and such inputs are
     mapped over with :func:`torch.func.vmap`; a module that ``vmap`` cannot batch runs the
     ``P`` draws in a loop instead, with a one-time :class:`UserWarning` naming it. Outputs
-    (tensors or tuples of them, as ``nn.LSTM`` returns) get the sample dims in front.
+    (tensors or tuples of them, as ``nn.LSTM`` returns) get the sample dims in front. A
+    module with children (a module of your own with a parameter beside its layers) is not
+    mapped over, since its Bayesian children draw their own weights: it is given its
+    parameters with their sample dims in front, ``(P, *shape)``, and its forward must
+    broadcast them (``self.gain[..., None, None] * self.fc(x)``), as in any Pyro model.
 
     Args:
         module: The module; its direct parameters are moved into the wrapper.
@@ -124,6 +128,14 @@ class BayesianModule(BayesianLayer):
         x_sample = self._input_sample_shape(x, w_sample)
         sample = broadcast_shape(w_sample, x_sample)
         if not sample:
+            return functional_call(module, values, args, kwargs)
+        if next(module.children(), None) is not None:
+            # Layers inside it draw their own weights, with their own sample dims: mapping
+            # over draws would draw those once per draw. Its forward broadcasts instead.
+            values = {
+                name: value.reshape(*sample_shape(value, len(shapes[name])), *shapes[name])
+                for name, value in values.items()
+            }
             return functional_call(module, values, args, kwargs)
         return self._mapped(module, values, shapes, args, kwargs, sample, len(x_sample))
 

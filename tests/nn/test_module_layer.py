@@ -113,6 +113,33 @@ def test_a_module_vmap_cannot_batch_runs_its_draws_in_a_loop_and_says_so_once():
     torch.testing.assert_close(out[0], first)
 
 
+class Gain(nn.Module):
+    """A parameter of its own beside a layer, used so that it broadcasts over sample dims."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gain = nn.Parameter(torch.tensor(0.5))
+        self.fc = nn.Linear(3, 2)
+
+    def forward(self, x):
+        return self.gain[..., None, None] * self.fc(x)
+
+
+def test_a_module_with_children_gets_its_draws_with_their_sample_dims_to_broadcast():
+    net = bayesianize(Gain())
+    x = torch.randn(6, 3)
+    net(x)
+    shapes = {name: value.shape for name, value in initial_values(net).items()}
+    assert sorted(shapes) == ["fc.bias", "fc.weight", "gain"]
+    draws = Predictive(net, num_samples=4, parallel=True)(x)
+    draws = {name: draws[name] for name in shapes}
+    out = pyro.poutine.condition(net, data=draws)(x)
+    assert out.shape == (4, 6, 2)
+    for s in range(4):
+        expected = pyro.poutine.condition(net, data=one_draw(draws, shapes, s))(x)
+        torch.testing.assert_close(out[s], expected)
+
+
 def test_only_makes_the_named_layers_bayesian_and_keeps_the_rest_as_they_were():
     trained = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2))
     net = bayesianize(trained, only="2.*")
