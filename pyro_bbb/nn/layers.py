@@ -28,7 +28,18 @@ __all__ = [
     "fold_sample_dims",
     "freeze_parameter",
     "initial_values",
+    "user_class",
 ]
+
+
+def user_class(module: nn.Module) -> type[nn.Module]:
+    """The class a user gave ``module``: not ``PyroModule[...]`` nor a sample-folding version."""
+    return next(
+        cls
+        for cls in type(module).__mro__
+        if cls.__module__ != "pyro.nn.module" and cls not in _SAMPLE_FOLDING.values()
+    )
+
 
 #: The attribute listing a module's frozen parameters (kept as buffers).
 FROZEN = "_frozen_parameters"

@@ -26,7 +26,7 @@ from torch.utils._pytree import tree_map
 from .._shapes import broadcast_shape
 from ..priors import PriorSpec
 from .affine import sample_shape
-from .layers import BayesianLayer
+from .layers import BayesianLayer, user_class
 
 __all__ = ["BayesianModule"]
 
@@ -103,9 +103,8 @@ class BayesianModule(BayesianLayer):
 
     @property
     def wrapped_type(self) -> type[nn.Module]:
-        """The class of the wrapped module (its torch class for a Pyro-converted one)."""
-        cls = type(self._modules["module"])
-        return cls.__mro__[2] if issubclass(cls, PyroModule) else cls
+        """The class of the wrapped module, not Pyro's or this package's subclass of it."""
+        return user_class(self._modules["module"])
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         """Draw the parameters and run the module with them.

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from .affine import ConvMap
-from .layers import FROZEN, BayesianAffine, BayesianLayer
+from .layers import FROZEN, BayesianAffine, BayesianLayer, user_class
 
 __all__ = ["NetworkSummary", "ParameterSummary", "summary"]
 
@@ -110,8 +110,7 @@ def _type_name(module: nn.Module) -> str:
         if isinstance(affine, ConvMap):
             return f"Conv{'Transpose' if affine.transposed else ''}{affine.dims}d"
         return "Linear"
-    # a Pyro-converted module is named after its torch class
-    return next(c for c in type(module).__mro__ if not c.__name__.startswith("Pyro")).__name__
+    return user_class(module).__name__
 
 
 def _point_estimate(name: str, path: str, kind: str, value: torch.Tensor) -> ParameterSummary:
