@@ -38,15 +38,25 @@ class MOPED:
         r"""The initial :math:`\sigma` of every weight, ``loc``'s shape."""
         return (self.delta * loc.detach().abs()).clamp_min(self.floor)
 
-    def rho(self, loc: torch.Tensor, min_scale: float) -> torch.Tensor:
-        r"""ρ with :math:`\text{softplus}(\rho) + \sigma_{\min} = \sigma` for every weight.
+    def rho(self, loc: torch.Tensor, min_scale: float, fraction: float = 1.0) -> torch.Tensor:
+        r"""ρ with :math:`\text{softplus}(\rho) + \sigma_{\min} = f\sigma` for every weight.
+
+        Args:
+            loc: The initial means.
+            min_scale: The guide's :math:`\sigma_{\min}`.
+            fraction: :math:`f`, the part of σ the diagonal carries (a low-rank guide puts
+                the rest in its factor).
 
         Raises:
-            ValueError: If ``floor`` is not above ``min_scale``.
+            ValueError: If ``fraction × floor`` is not above ``min_scale``.
         """
-        if self.floor <= min_scale:
-            raise ValueError(f"MOPED floor must exceed min_scale={min_scale:g}, got {self.floor}")
-        excess = self.scales(loc) - min_scale
+        if fraction * self.floor <= min_scale:
+            raise ValueError(
+                f"MOPED floor must exceed min_scale={min_scale:g}"
+                + (f" / {fraction:.3g}" if fraction != 1.0 else "")
+                + f", got {self.floor}"
+            )
+        excess = fraction * self.scales(loc) - min_scale
         return excess + torch.log(-torch.expm1(-excess))  # inverse softplus, stable for small σ
 
     def __repr__(self) -> str:
