@@ -118,7 +118,8 @@ def bayesianize(
         centre_priors: Centre every prior on the parameter's current value (a trained
             network's weights) instead of on the prior's own mean: the empirical-Bayes prior
             of MOPED (Krishnan et al. 2020, "Specifying weight priors in Bayesian deep neural
-            networks with empirical Bayes"). A Gaussian stays a Gaussian.
+            networks with empirical Bayes"). A Gaussian stays a Gaussian. A prior carried from
+            a guide (``from_guide``) is left as it is: it is centred on that posterior.
         inplace: Convert ``module`` itself instead of a copy.
 
     Returns:
