@@ -104,7 +104,8 @@ class BayesianLayer(PyroModule):
     Args:
         priors: Prior per Bayesian parameter name.
         centre_priors: Shift every prior by the parameter's initial value, so that a prior
-            with mean 0 is centred on the (trained) weights the layer was made from.
+            with mean 0 is centred on the (trained) weights the layer was made from; a prior
+            carried from a guide (with an ``initial_loc``) is left as it is.
     """
 
     def __init__(self, priors: Mapping[str, PriorSpec], *, centre_priors: bool = False) -> None:
@@ -160,8 +161,8 @@ class BayesianLayer(PyroModule):
         distribution = prior.site_distribution(
             init.shape, fan_in=fan_in, device=init.device, dtype=init.dtype
         )
-        if self.centre_priors:
-            distribution = _centred(distribution, init)
+        if self.centre_priors and getattr(prior, "initial_loc", None) is None:
+            distribution = _centred(distribution, init)  # a carried posterior has its own
         if getattr(prior, "cacheable", False):
             cache[param] = (key, distribution)
         return distribution

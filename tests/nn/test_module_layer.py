@@ -195,3 +195,15 @@ def test_frozen_parameters_left_deterministic_stay_frozen():
     net = bayesianize(trained, only="0.bias")
     assert isinstance(net[0], BayesianModule)
     assert not net[0].weight.requires_grad
+
+
+def test_centre_priors_leaves_a_posterior_carried_from_a_guide_as_it_is():
+    from pyro_bbb.priors import from_guide
+
+    x = torch.randn(6, 3)
+    model = bbb.BNN(bbb.mlp([3, 2]), bbb.likelihoods.Gaussian(scale=0.5), num_data=6)
+    guide = bbb.MeanFieldGuide(model, init_scale=0.1, init_loc={"0.weight": torch.ones(2, 3)})
+    guide(x)
+    trained = nn.Sequential(nn.Linear(3, 2))
+    net = bayesianize(trained, {**from_guide(guide), "*": Gaussian(1.0)}, centre_priors=True)
+    torch.testing.assert_close(net[0].prior_distribution("weight").mean, torch.ones(2, 3))
