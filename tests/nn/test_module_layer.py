@@ -207,3 +207,18 @@ def test_centre_priors_leaves_a_posterior_carried_from_a_guide_as_it_is():
     trained = nn.Sequential(nn.Linear(3, 2))
     net = bayesianize(trained, {**from_guide(guide), "*": Gaussian(1.0)}, centre_priors=True)
     torch.testing.assert_close(net[0].prior_distribution("weight").mean, torch.ones(2, 3))
+
+
+def test_vectorised_elbo_particles_flow_through_a_wrapped_module():
+    x, y = torch.randn(16, 3), torch.randn(16)
+    net = bayesianize(nn.Sequential(nn.Linear(3, 8), nn.Tanh(), nn.LayerNorm(8), nn.Linear(8, 1)))
+    model = bbb.BNN(net, bbb.likelihoods.Gaussian(scale=0.5), num_data=16)
+    guide = bbb.MeanFieldGuide(model, init_scale=0.05)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # LayerNorm is vmapped: no loop, no warning
+        history = bbb.fit(
+            model, guide, x, y, epochs=30, num_particles=4, lr=0.02, beta=1.0, progress=False
+        )
+    assert history.loss[-1] < history.loss[0]
+    # the LayerNorm's posterior moved from its initial mean (ones) under training
+    assert not torch.equal(guide.median()["2.weight"], torch.ones(8))
