@@ -98,11 +98,11 @@ def _network_sites(model: BNN) -> dict[str, _Site] | None:
             continue
         if set(samples) != set(module.priors):
             return None
-        names = dict(zip(("weight", "bias"), module._site_names(), strict=True))
+        names = module._site_names()
         for param, prior in module.priors.items():
             if getattr(prior, "joint_sites", ()):
                 return None
-            shape = module._buffers[f"{param}_init"].shape
+            shape = module.parameter_shape(param)
             sites[names[param]] = _Site(names[param], module, param, shape)
     return sites
 

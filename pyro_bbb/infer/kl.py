@@ -84,7 +84,7 @@ def _number(t: torch.Tensor) -> torch.Tensor | float:
     return t
 
 
-#: A layer builds its prior once (see BayesianAffine.prior_distribution), so the same
+#: A layer builds its prior once (see BayesianLayer.prior_distribution), so the same
 #: Normal comes back every step; its constants are read once.
 _SCALAR_PARAMETERS: WeakKeyDictionary[Normal, tuple | None] = WeakKeyDictionary()
 

@@ -39,6 +39,7 @@ rank-``r`` part drawn once and shared by the minibatch exactly, and only the dia
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
@@ -51,11 +52,13 @@ from pyro.poutine.util import site_is_subsample
 
 from .._shapes import broadcast_shape, collapse_broadcast
 from ..nn.affine import AffineMap, sample_shape
+from ..nn.network_summary import WEIGHT_SAMPLING, summary
 from .sites import BLOCK_KEY
 
 __all__ = [
     "Split",
     "estimator",
+    "estimators_by_layer",
     "flipout",
     "flipout_affine",
     "local_affine",
@@ -386,3 +389,41 @@ def estimator(name: str | None) -> Callable[[], AbstractContextManager]:
     if name not in _ESTIMATORS:
         raise ValueError(f"reparam must be None or one of {sorted(_ESTIMATORS)}, got {name!r}")
     return _ESTIMATORS[name]
+
+
+def estimators_by_layer(model: object, reparam: str | None) -> dict[str, str]:
+    """Which estimator each Bayesian layer of a model gets under ``reparam``.
+
+    The affine layers (Linear, ConvNd, ConvTransposeNd) get ``reparam``; every other
+    Bayesian layer (an LSTM, a LayerNorm, an Embedding, …) is drawn by weight sampling.
+
+    Args:
+        model: A Bayesian network or model (anything else has no layers to report).
+        reparam: ``None``, ``"local"`` or ``"flipout"``.
+
+    Returns:
+        ``{layer path: "local" | "flipout" | "weight sampling"}``.
+    """
+    estimator(reparam)  # validates the name
+    if not isinstance(model, torch.nn.Module):
+        return {}
+    return summary(model, reparam=reparam).estimators()
+
+
+def warn_mixed_estimators(model: object, reparam: str | None) -> dict[str, str]:
+    """Warn once if ``reparam`` leaves some Bayesian layers to weight sampling; list them.
+
+    Returns:
+        The mapping of :func:`estimators_by_layer`.
+    """
+    layers = estimators_by_layer(model, reparam)
+    sampled = [layer or "(root)" for layer, how in layers.items() if how == WEIGHT_SAMPLING]
+    if reparam is not None and sampled:
+        fast = [layer or "(root)" for layer, how in layers.items() if how != WEIGHT_SAMPLING]
+        warnings.warn(
+            f"reparam={reparam!r} applies to the affine layers {fast}; the layers {sampled} "
+            "have no affine map and are drawn by weight sampling (see model.summary())",
+            UserWarning,
+            stacklevel=3,
+        )
+    return layers

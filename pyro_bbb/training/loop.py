@@ -30,7 +30,7 @@ from ..infer.collapse import FRACTION_THRESHOLD as COLLAPSE_FRACTION
 from ..infer.collapse import CollapseMonitor, diagnose_collapse, warn_if_collapsed
 from ..infer.elbo import AnnealedELBO, ELBOTerms
 from ..infer.fused import FusedELBO, fused_elbo
-from ..infer.reparam import estimator
+from ..infer.reparam import estimator, warn_mixed_estimators
 from ..infer.schedules import ScheduleLike, as_schedule, delayed_warmup
 from .callbacks import Callback
 from .checkpoint import Checkpointing, FitState, fit_options
@@ -122,7 +122,9 @@ def fit(
             throughout, e.g. to continue a fit.
         num_particles: Weight samples per step, vectorised.
         reparam: Gradient estimator: ``None`` (sample the weights), ``"local"`` or
-            ``"flipout"`` (see :mod:`pyro_bbb.infer.reparam`).
+            ``"flipout"`` (see :mod:`pyro_bbb.infer.reparam`). It applies to the affine
+            layers (Linear, ConvNd, ConvTransposeNd); any other Bayesian layer is drawn by
+            weight sampling, and a warning lists them (``model.summary(reparam=...)`` too).
         device: Move model, guide and data here (e.g. ``"cuda"``); ``None`` keeps the
             model's device.
         seed: Seed for Pyro, torch and the minibatch order (on ``W`` processes: the set-up
@@ -166,6 +168,7 @@ def fit(
     check_positive_number("lr", lr)
     schedule = delayed_warmup(epochs) if beta is None else as_schedule(beta)
     handler = estimator(reparam)
+    warn_mixed_estimators(model, reparam)
     parallel = data_parallel()  # a world of one unless torch.distributed is initialised
     options = fit_options(
         x, batch_size=batch_size, shuffle=shuffle, num_particles=num_particles, reparam=reparam

@@ -7,5 +7,6 @@ be used in its place.
 
 from .low_rank import LowRankGuide
 from .mean_field import MeanFieldGuide
+from .moped import MOPED
 
-__all__ = ["LowRankGuide", "MeanFieldGuide"]
+__all__ = ["MOPED", "LowRankGuide", "MeanFieldGuide"]
