@@ -42,7 +42,7 @@ from .infer import (
 )
 from .io import load, save
 from .model import BNN
-from .nn import BayesianAffine, bayesianize, mlp
+from .nn import BayesianAffine, BayesianModule, bayesianize, mlp, summary
 from .training import Callback, History, fit
 
 __version__ = "0.1.0"
@@ -50,6 +50,7 @@ __version__ = "0.1.0"
 __all__ = [
     "BNN",
     "BayesianAffine",
+    "BayesianModule",
     "Callback",
     "ClassificationPrediction",
     "Comparison",
@@ -81,6 +82,7 @@ __all__ = [
     "psis_khat",
     "run_nuts",
     "save",
+    "summary",
     "to_inference_data",
     "training",
 ]

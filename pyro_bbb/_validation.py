@@ -150,6 +150,31 @@ def check_floating_tensor(name: str, value: object) -> torch.Tensor:
     return value
 
 
+def check_features(
+    name: str, value: torch.Tensor, dtype: torch.dtype | None, *, tokens: bool = False
+) -> torch.Tensor:
+    """Network inputs: floating point of the model's dtype, or integer ids if ``tokens``.
+
+    ``tokens`` is for a network whose first layer is an ``nn.Embedding``: its inputs are
+    integer token ids, of any integer dtype.
+
+    Raises:
+        ValueError: On a floating tensor of another dtype than ``dtype``, an integer tensor
+            when the network takes no token ids, or any other dtype (``bool``, complex).
+    """
+    check_tensor(name, value)
+    if tokens and not value.dtype.is_floating_point and not value.dtype.is_complex:
+        if value.dtype == torch.bool:
+            raise ValueError(f"{name} must hold integer token ids, got dtype torch.bool")
+        return value
+    if not torch.is_floating_point(value):
+        hint = " (integer token ids are taken by a network whose first layer is nn.Embedding)"
+        raise ValueError(
+            f"{name} must be floating point (e.g. {name}.float()){hint}, got dtype {value.dtype}"
+        )
+    return check_dtype(name, value, dtype)
+
+
 def check_dtype(name: str, value: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
     """A floating tensor of the model's dtype (``dtype=None``: anything).
 

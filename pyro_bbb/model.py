@@ -16,14 +16,15 @@ from pyro.nn import PyroModule
 from torch import nn
 
 from ._validation import (
-    check_dtype,
+    check_features,
     check_finite_tensor,
-    check_floating_tensor,
     check_int,
     check_same_rows,
     check_tensor,
 )
 from .likelihoods import Likelihood
+from .nn.layers import BayesianLayer
+from .nn.network_summary import NetworkSummary, summary
 
 __all__ = ["BNN"]
 
@@ -61,6 +62,8 @@ class BNN(PyroModule):
     max_plate_nesting = 1
     #: Name of the observation site.
     observation_site = "obs"
+    #: The network's names do not appear in site names (see :func:`~pyro_bbb.nn.network_summary`).
+    unnamed_children = ("net",)
 
     def __init__(
         self, net: nn.Module, likelihood: Likelihood, num_data: int, *, name: str = ""
@@ -85,6 +88,7 @@ class BNN(PyroModule):
         # Root the network's sites at the model's name, so they read "fc1.weight" (or
         # "name.fc1.weight"), not "net.fc1.weight".
         net._pyro_set_supermodule(name, self._pyro_context)
+        self.accepts_token_ids = _first_layer_takes_tokens(net)
 
     def __getattr__(self, name: str):
         # PyroModule renames a child whose name is "" on every attribute access; reading
@@ -110,20 +114,30 @@ class BNN(PyroModule):
                 return tensor.dtype
         return None
 
+    def summary(self, *, reparam: str | None = None) -> NetworkSummary:
+        """Every parameter: sample site or point estimate, shape, prior, estimator, size.
+
+        ``print(model.summary())`` prints the table; see
+        :func:`~pyro_bbb.nn.network_summary.summary`.
+        """
+        return summary(self, reparam=reparam)
+
     def forward(self, x: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:
         """Run the model.
 
         Args:
-            x: Features ``(batch, *features)``, floating point, on the model's device.
+            x: Features ``(batch, *features)`` on the model's device: floating point of the
+                weights' dtype, or integer token ids when the network's first layer is an
+                ``nn.Embedding`` (:attr:`accepts_token_ids`).
             y: Targets ``(batch,)`` or ``(batch, dim)``, or ``None`` to sample them.
 
         Returns:
             The observed or sampled targets, ``(*sample, batch[, dim])``.
 
         Raises:
-            ValueError: On integer features, features of another dtype than the weights,
-                mismatched batch sizes or devices, a batch larger than ``num_data``, or targets
-                the likelihood cannot take.
+            ValueError: On integer features (but token ids), features of another dtype than
+                the weights, mismatched batch sizes or devices, a batch larger than
+                ``num_data``, or targets the likelihood cannot take.
         """
         self._check_inputs(x, y)
         output = self.net(x)
@@ -151,7 +165,7 @@ class BNN(PyroModule):
         return cached
 
     def _check_inputs(self, x: torch.Tensor, y: torch.Tensor | None) -> None:
-        check_floating_tensor("x", x)
+        check_features("x", x, self.dtype, tokens=self.accepts_token_ids)
         if x.dim() < 2:
             raise ValueError(f"x must be (batch, *features), got shape {tuple(x.shape)}")
         device = self.device
@@ -161,7 +175,6 @@ class BNN(PyroModule):
                 f"x.to({str(device)!r}), or the model with model.to({str(x.device)!r}) "
                 "(fit(..., device=) moves model, guide and data)"
             )
-        check_dtype("x", x, self.dtype)
         if y is None:
             return
         check_tensor("y", y)
@@ -173,5 +186,14 @@ class BNN(PyroModule):
                 f"the batch has {x.shape[0]} rows but num_data={self.num_data}; "
                 "num_data must be the size of the whole training set"
             )
-        if is_validation_enabled():
+        if is_validation_enabled() and x.is_floating_point():
             check_finite_tensor("x", x)
+
+
+def _first_layer_takes_tokens(net: nn.Module) -> bool:
+    """Whether the first module with parameters (in registration order) is an embedding."""
+    for module in net.modules():
+        if isinstance(module, BayesianLayer) or module._parameters:
+            wrapped = getattr(module, "wrapped_type", type(module))
+            return issubclass(wrapped, (nn.Embedding, nn.EmbeddingBag))
+    return False

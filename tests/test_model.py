@@ -189,6 +189,30 @@ def test_bnn_rejects_integer_features_and_mismatched_rows():
         model(x, y[:7])
 
 
+def _token_model(**kwargs) -> BNN:
+    net = bayesianize(nn.Sequential(nn.Embedding(10, 3), nn.Flatten(-2), nn.Linear(6, 1)), **kwargs)
+    return BNN(net, likelihoods.Gaussian(scale=0.5), num_data=8)
+
+
+@pytest.mark.parametrize("deterministic", [(), ("0.*",)], ids=["bayesian", "point_estimate"])
+def test_a_network_whose_first_layer_is_an_embedding_takes_token_ids(deterministic):
+    ids, y = torch.randint(0, 10, (8, 2)), torch.randn(8)
+    model = _token_model(deterministic=deterministic)
+    assert model.accepts_token_ids
+    guide = MeanFieldGuide(model)
+    history = fit(model, guide, ids, y, epochs=2, progress=False)
+    assert len(history.loss) == 2
+    with pytest.raises(ValueError, match=r"x must hold integer token ids, got dtype torch.bool"):
+        model(ids > 3, y)
+
+
+def test_integer_features_are_refused_with_a_hint_when_the_first_layer_is_not_an_embedding():
+    model = _regression_model(8)
+    assert not model.accepts_token_ids
+    with pytest.raises(ValueError, match=r"first layer is nn.Embedding\), got dtype torch.int32"):
+        model(torch.ones(8, 1, dtype=torch.int32))
+
+
 # --- MeanFieldGuide ------------------------------------------------------------------------
 
 

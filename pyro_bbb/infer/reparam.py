@@ -39,6 +39,7 @@ rank-``r`` part drawn once and shared by the minibatch exactly, and only the dia
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
@@ -51,9 +52,18 @@ from pyro.poutine.util import site_is_subsample
 
 from .._shapes import broadcast_shape, collapse_broadcast
 from ..nn.affine import AffineMap, sample_shape
+from ..nn.network_summary import WEIGHT_SAMPLING, summary
 from .sites import BLOCK_KEY
 
-__all__ = ["estimator", "flipout", "local_reparameterization"]
+__all__ = [
+    "Split",
+    "estimator",
+    "estimators_by_layer",
+    "flipout",
+    "flipout_affine",
+    "local_affine",
+    "local_reparameterization",
+]
 
 
 @dataclass
@@ -66,8 +76,13 @@ class _Draw:
 
 
 @dataclass
-class _Split:
-    """A parameter's draw split into the batch-shared part and the independent part."""
+class Split:
+    """A parameter's draw split into the batch-shared part and the independent part.
+
+    What the estimators' arithmetic (:func:`local_affine`, :func:`flipout_affine`) needs of
+    a layer's weight or bias: the handlers build it from the distribution a site was drawn
+    from, :mod:`~pyro_bbb.infer.fused` from the guide's parameters.
+    """
 
     shared: torch.Tensor  # \bar W (its sample dims may be collapsed to 1 where constant)
     variance: torch.Tensor | None  # σ² of the independent part; None for a fixed value
@@ -136,23 +151,14 @@ class _WeightNoiseMessenger(Messenger):
         msg["done"] = True
 
     def _apply(
-        self, affine: AffineMap, x: torch.Tensor, weight: _Split, bias: _Split | None
+        self, affine: AffineMap, x: torch.Tensor, weight: Split, bias: Split | None
     ) -> torch.Tensor:
         raise NotImplementedError
 
-    @staticmethod
-    def _noise_shape(
-        affine: AffineMap, x: torch.Tensor, weight: _Split, bias: _Split | None, event: int
-    ) -> torch.Size:
-        """``(*sample, batch, *ones(event))``: one noise draw per weight draw and example."""
-        sample = broadcast_shape(weight.sample_shape, () if bias is None else bias.sample_shape)
-        lead = x.shape[: x.dim() - affine.input_event_dims]  # (*x_sample, batch)
-        return broadcast_shape((*sample, 1), lead) + (1,) * event
-
-    def _split(self, site: str | None, value: torch.Tensor, event_dims: int) -> _Split:
+    def _split(self, site: str | None, value: torch.Tensor, event_dims: int) -> Split:
         draw = self._draws.get(site) if site is not None else None
         if draw is None:  # a deterministic or conditioned parameter: nothing to reparameterise
-            return _Split(value, None, None)
+            return Split(value, None, None)
         if draw.value is not value:
             raise RuntimeError(
                 f"{self.name}: the value of site {site!r} reaching its layer is not the one "
@@ -168,7 +174,7 @@ class _WeightNoiseMessenger(Messenger):
                 raise NotImplementedError(self._unsupported(site, draw))
             shared = collapse_broadcast(normal.loc, event_dims)
             variance = collapse_broadcast(normal.scale, event_dims).pow(2)
-        return _Split(shared, variance, value, tuple(sample_shape(value, event_dims)))
+        return Split(shared, variance, value, tuple(sample_shape(value, event_dims)))
 
     def _source(self, site: str, draw: _Draw) -> _Draw:
         """Follow AutoNormal's ``Delta`` at a real site to its ``<site>_unconstrained`` draw."""
@@ -225,23 +231,7 @@ class LocalReparameterizationMessenger(_WeightNoiseMessenger):
     name = "local_reparameterization"
 
     def _apply(self, affine, x, weight, bias):
-        mean = affine(x, weight.shared, None if bias is None else bias.shared)
-        variance = None
-        if weight.variance is not None:
-            variance = affine(x.pow(2), weight.variance, None)
-        if bias is not None and bias.variance is not None:
-            b_var = affine.bias_view(bias.variance)
-            variance = b_var if variance is None else variance + b_var
-        if variance is None:
-            return mean
-        noise = self._noise_shape(affine, x, weight, bias, affine.output_event_dims)
-        shape = broadcast_shape(noise, variance.shape, mean.shape)
-        # A pre-activation variance of exactly 0 (an all-zero input row into a layer whose
-        # bias is deterministic) has sqrt' = inf, and inf * 0 poisons the gradient with NaN.
-        # Below the smallest normal float the clamp passes no gradient; the value it adds,
-        # sqrt(tiny) ~ 1e-19 (float32), is below float resolution of any activation.
-        std = variance.clamp_min(torch.finfo(variance.dtype).tiny).sqrt()
-        return mean + std * torch.randn(shape, dtype=mean.dtype, device=mean.device)
+        return local_affine(affine, x, weight, bias)
 
 
 class FlipoutMessenger(_WeightNoiseMessenger):
@@ -250,23 +240,88 @@ class FlipoutMessenger(_WeightNoiseMessenger):
     name = "flipout"
 
     def _apply(self, affine, x, weight, bias):
-        mean = affine(x, weight.shared, None if bias is None else bias.shared)
-        if weight.value is None and (bias is None or bias.value is None):
-            return mean
-        # signs per weight draw, example and channel, broadcast over the other feature dims
-        in_event = affine.input_event_dims
-        lead = self._noise_shape(affine, x, weight, bias, 0)
-        sign_in = _random_signs((*lead, x.shape[-in_event], *[1] * (in_event - 1)), x)
-        perturbation = None
-        if weight.value is not None:
-            perturbation = affine(x * sign_in, weight.deviation, None)
-        if bias is not None and bias.value is not None:
-            b_dev = affine.bias_view(bias.deviation)
-            perturbation = b_dev if perturbation is None else perturbation + b_dev
-        out_event = affine.output_event_dims
-        shape = broadcast_shape(perturbation.shape, mean.shape)
-        out_shape = (*shape[: len(shape) - out_event], shape[-out_event], *[1] * (out_event - 1))
-        return mean + perturbation * _random_signs(out_shape, mean)
+        return flipout_affine(affine, x, weight, bias)
+
+
+def _noise_shape(
+    affine: AffineMap, x: torch.Tensor, weight: Split, bias: Split | None, event: int
+) -> torch.Size:
+    """``(*sample, batch, *ones(event))``: one noise draw per weight draw and example."""
+    sample = broadcast_shape(weight.sample_shape, () if bias is None else bias.sample_shape)
+    lead = x.shape[: x.dim() - affine.input_event_dims]  # (*x_sample, batch)
+    return broadcast_shape((*sample, 1), lead) + (1,) * event
+
+
+def local_affine(
+    affine: AffineMap, x: torch.Tensor, weight: Split, bias: Split | None
+) -> torch.Tensor:
+    r"""A layer's pre-activation drawn by local reparameterisation.
+
+    :math:`a = x \circledast \bar W + \bar b + \sqrt{x^2 \circledast \sigma_W^2 +
+    \sigma_b^2} \odot \xi`, with :math:`\xi \sim \mathcal{N}(0, I)` drawn here, one per
+    weight draw, example and output unit.
+
+    Args:
+        affine: The layer's map.
+        x: Input ``(*sample, batch, *in_features)``.
+        weight: The weight's split.
+        bias: The bias's split, or ``None``.
+
+    Returns:
+        Pre-activation ``(*sample, batch, *out_features)``.
+    """
+    mean = affine(x, weight.shared, None if bias is None else bias.shared)
+    b_var = None if bias is None else bias.variance
+    if weight.variance is not None:
+        variance = affine(x.pow(2), weight.variance, b_var)  # the bias's added in the product
+    else:
+        variance = None if b_var is None else affine.bias_view(b_var)
+    if variance is None:
+        return mean
+    noise = _noise_shape(affine, x, weight, bias, affine.output_event_dims)
+    shape = broadcast_shape(noise, variance.shape, mean.shape)
+    # A pre-activation variance of exactly 0 (an all-zero input row into a layer whose
+    # bias is deterministic) has sqrt' = inf, and inf * 0 poisons the gradient with NaN.
+    # Below the smallest normal float the clamp passes no gradient; the value it adds,
+    # sqrt(tiny) ~ 1e-19 (float32), is below float resolution of any activation.
+    std = variance.clamp_min(torch.finfo(variance.dtype).tiny).sqrt()
+    return mean + std * torch.randn(shape, dtype=mean.dtype, device=mean.device)
+
+
+def flipout_affine(
+    affine: AffineMap, x: torch.Tensor, weight: Split, bias: Split | None
+) -> torch.Tensor:
+    r"""A layer's pre-activation with the drawn perturbation sign-flipped per example.
+
+    :math:`a_n = x_n \circledast \bar W + \bar b + ((x_n \odot s_n) \circledast \Delta +
+    \Delta_b) \odot r_n`, with the signs :math:`s_n` then :math:`r_n` drawn here.
+
+    Args:
+        affine: The layer's map.
+        x: Input ``(*sample, batch, *in_features)``.
+        weight: The weight's split.
+        bias: The bias's split, or ``None``.
+
+    Returns:
+        Pre-activation ``(*sample, batch, *out_features)``.
+    """
+    mean = affine(x, weight.shared, None if bias is None else bias.shared)
+    if weight.value is None and (bias is None or bias.value is None):
+        return mean
+    # signs per weight draw, example and channel, broadcast over the other feature dims
+    in_event = affine.input_event_dims
+    lead = _noise_shape(affine, x, weight, bias, 0)
+    sign_in = _random_signs((*lead, x.shape[-in_event], *[1] * (in_event - 1)), x)
+    perturbation = None
+    if weight.value is not None:
+        perturbation = affine(x * sign_in, weight.deviation, None)
+    if bias is not None and bias.value is not None:
+        b_dev = affine.bias_view(bias.deviation)
+        perturbation = b_dev if perturbation is None else perturbation + b_dev
+    out_event = affine.output_event_dims
+    shape = broadcast_shape(perturbation.shape, mean.shape)
+    out_shape = (*shape[: len(shape) - out_event], shape[-out_event], *[1] * (out_event - 1))
+    return mean + perturbation * _random_signs(out_shape, mean)
 
 
 def _random_signs(shape, like: torch.Tensor) -> torch.Tensor:
@@ -334,3 +389,41 @@ def estimator(name: str | None) -> Callable[[], AbstractContextManager]:
     if name not in _ESTIMATORS:
         raise ValueError(f"reparam must be None or one of {sorted(_ESTIMATORS)}, got {name!r}")
     return _ESTIMATORS[name]
+
+
+def estimators_by_layer(model: object, reparam: str | None) -> dict[str, str]:
+    """Which estimator each Bayesian layer of a model gets under ``reparam``.
+
+    The affine layers (Linear, ConvNd, ConvTransposeNd) get ``reparam``; every other
+    Bayesian layer (an LSTM, a LayerNorm, an Embedding, …) is drawn by weight sampling.
+
+    Args:
+        model: A Bayesian network or model (anything else has no layers to report).
+        reparam: ``None``, ``"local"`` or ``"flipout"``.
+
+    Returns:
+        ``{layer path: "local" | "flipout" | "weight sampling"}``.
+    """
+    estimator(reparam)  # validates the name
+    if not isinstance(model, torch.nn.Module):
+        return {}
+    return summary(model, reparam=reparam).estimators()
+
+
+def warn_mixed_estimators(model: object, reparam: str | None) -> dict[str, str]:
+    """Warn once if ``reparam`` leaves some Bayesian layers to weight sampling; list them.
+
+    Returns:
+        The mapping of :func:`estimators_by_layer`.
+    """
+    layers = estimators_by_layer(model, reparam)
+    sampled = [layer or "(root)" for layer, how in layers.items() if how == WEIGHT_SAMPLING]
+    if reparam is not None and sampled:
+        fast = [layer or "(root)" for layer, how in layers.items() if how != WEIGHT_SAMPLING]
+        warnings.warn(
+            f"reparam={reparam!r} applies to the affine layers {fast}; the layers {sampled} "
+            "have no affine map and are drawn by weight sampling (see model.summary())",
+            UserWarning,
+            stacklevel=3,
+        )
+    return layers

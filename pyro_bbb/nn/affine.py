@@ -1,17 +1,18 @@
 """Affine maps that accept weights with leading sample dimensions, and the effectful op.
 
-This module holds the two affine maps a Bayesian layer can apply, :class:`LinearMap` and
-:class:`Conv2dMap`, and :func:`bayesian_affine`, the Pyro effectful operation through
-which every Bayesian layer applies them. It knows nothing of priors, guides or estimators.
+This module holds the affine maps a Bayesian layer can apply, :class:`LinearMap` and
+:class:`ConvMap` (1-, 2- and 3-d convolutions and their transposes, one class), and
+:func:`bayesian_affine`, the Pyro effectful operation through which every Bayesian layer
+applies them. It knows nothing of priors, guides or estimators.
 
 **Shapes.** Under Pyro plates a global weight site drawn ``P`` times (particles, predictive
 samples) has shape ``(P, 1, *weight_shape)``: the ``1`` is the data plate's dim; replayed by
 ``Predictive`` it is ``(P, *weight_shape)``. :func:`sample_shape` drops that trailing ``1``
 where present, and the remaining sample dims broadcast against the input's leading dims. Inputs are
 ``(*sample, batch, *features)`` where ``sample`` may be empty (the first layer) and
-``features`` is ``(in_features,)`` or ``(channels, height, width)``. Outputs are
+``features`` is ``(in_features,)`` or ``(channels, *spatial)``. Outputs are
 ``(*broadcast(sample, weight_sample), batch, *out_features)``. ``torch.nn.functional.linear``
-and ``conv2d`` accept neither, which is why ``nn.Linear`` cannot be vectorised over samples.
+and ``conv*d`` accept neither, which is why ``nn.Linear`` cannot be vectorised over samples.
 
 **Effects.** :func:`bayesian_affine` is a no-op wrapper around ``affine(x, weight, bias)``
 when no Pyro handler is active. Under a handler it is a message of type
@@ -30,7 +31,7 @@ from pyro.poutine.runtime import effectful
 
 from .._shapes import broadcast_shape
 
-__all__ = ["AffineMap", "Conv2dMap", "LinearMap", "bayesian_affine", "sample_shape"]
+__all__ = ["AffineMap", "Conv2dMap", "ConvMap", "LinearMap", "bayesian_affine", "sample_shape"]
 
 
 def sample_shape(param: torch.Tensor, event_dims: int) -> torch.Size:
@@ -106,9 +107,10 @@ class LinearMap(AffineMap):
         if math.prod(w_sample) == 1 and math.prod(b_sample) == 1:
             # One weight for every example (possibly with unit sample dims, as local
             # reparameterisation's shared mean has): one fused x Wᵀ + b, as nn.Linear.
-            out = F.linear(
-                x, weight.reshape(weight.shape[-2:]), None if bias is None else bias.reshape(-1)
-            )
+            # (a reshape is one more autograd node forward and backward: only where needed)
+            weight = weight if weight.dim() == 2 else weight.reshape(weight.shape[-2:])
+            bias = bias if bias is None or bias.dim() == 1 else bias.reshape(-1)
+            out = F.linear(x, weight, bias)
             lead = broadcast_shape(x.shape[:-2], w_sample, b_sample)
             return out if out.shape[:-2] == lead else out.reshape(*lead, *out.shape[-2:])
         if len(w_sample) == 1 and x.dim() <= 3 and (x.dim() == 2 or x.shape[0] in (1, *w_sample)):
@@ -126,37 +128,65 @@ class LinearMap(AffineMap):
         return out
 
 
-@dataclass(frozen=True)
-class Conv2dMap(AffineMap):
-    """2-D cross-correlation with a weight ``(out_channels, in_channels / groups, kh, kw)``.
+_SPATIAL = {1: ("length",), 2: ("height", "width"), 3: ("depth", "height", "width")}
+_CONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
+_CONV_TRANSPOSE = {1: F.conv_transpose1d, 2: F.conv_transpose2d, 3: F.conv_transpose3d}
 
-    Sample dims are folded into channel groups: ``n`` weight samples become one convolution
-    with ``n × groups`` groups, so a vectorised draw costs one kernel launch.
+
+@dataclass(frozen=True)
+class ConvMap(AffineMap):
+    """N-d cross-correlation (``nn.Conv1d/2d/3d``) or its transpose (``nn.ConvTranspose*d``).
+
+    The weight is ``(out_channels, in_channels / groups, *kernel)`` for a convolution and
+    ``(in_channels, out_channels / groups, *kernel)`` for a transposed one, as in torch. Sample
+    dims are folded into channel groups: ``n`` weight samples become one convolution with
+    ``n × groups`` groups, so a vectorised draw costs one kernel launch, whatever ``dims``.
     """
 
-    stride: tuple[int, int] = (1, 1)
-    padding: tuple[int, int] | str = (0, 0)
-    dilation: tuple[int, int] = (1, 1)
+    dims: int = 2
+    stride: tuple[int, ...] = (1, 1)
+    padding: tuple[int, ...] | str = (0, 0)
+    dilation: tuple[int, ...] = (1, 1)
     groups: int = 1
-    input_event_dims: int = 3
-    output_event_dims: int = 3
+    transposed: bool = False
+    output_padding: tuple[int, ...] = ()
+
+    @property
+    def input_event_dims(self) -> int:  # noqa: D102 (documented on AffineMap)
+        return self.dims + 1
+
+    @property
+    def output_event_dims(self) -> int:  # noqa: D102 (documented on AffineMap)
+        return self.dims + 1
+
+    def in_channels(self, weight_shape: torch.Size) -> int:
+        """The input channels a weight of ``weight_shape`` takes."""
+        return weight_shape[0] if self.transposed else weight_shape[1] * self.groups
 
     def _conv(self, x: torch.Tensor, weight: torch.Tensor, groups: int) -> torch.Tensor:
-        return F.conv2d(x, weight, None, self.stride, self.padding, self.dilation, groups)
+        if self.transposed:
+            fn = _CONV_TRANSPOSE[self.dims]
+            return fn(
+                x, weight, None, self.stride, self.padding, self.output_padding or 0, groups,
+                self.dilation,
+            )  # fmt: skip
+        return _CONV[self.dims](x, weight, None, self.stride, self.padding, self.dilation, groups)
 
     def __call__(  # noqa: D102 (documented on AffineMap)
         self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     ) -> torch.Tensor:
-        if x.dim() < 4:
+        event = self.dims + 1
+        if x.dim() < event + 1:
+            spatial = ", ".join(_SPATIAL[self.dims])
             raise ValueError(
-                f"x must be (*sample, batch, channels, height, width), got shape {tuple(x.shape)}"
+                f"x must be (*sample, batch, channels, {spatial}), got shape {tuple(x.shape)}"
             )
-        weight_sample = sample_shape(weight, 4)
-        weight = _squeeze_sample(weight, 4, weight_sample)
+        weight_sample = sample_shape(weight, event + 1)
+        weight = _squeeze_sample(weight, event + 1, weight_sample)
         if not weight_sample:
-            lead = x.shape[:-3]
-            out = self._conv(x.reshape(-1, *x.shape[-3:]), weight, self.groups)
-            out = out.reshape(*lead, *out.shape[-3:])
+            lead = x.shape[:-event]
+            out = self._conv(x.reshape(-1, *x.shape[-event:]), weight, self.groups)
+            out = out.reshape(*lead, *out.shape[-event:])
         else:
             out = self._conv_sampled(x, weight, weight_sample)
         if bias is not None:
@@ -166,19 +196,27 @@ class Conv2dMap(AffineMap):
     def _conv_sampled(
         self, x: torch.Tensor, weight: torch.Tensor, weight_sample: torch.Size
     ) -> torch.Tensor:
-        x_sample, (batch, channels, height, width) = x.shape[:-4], x.shape[-4:]
+        event = self.dims + 1
+        x_sample, batch, channels = x.shape[: -event - 1], x.shape[-event - 1], x.shape[-event]
         sample = broadcast_shape(x_sample, weight_sample)
         n, k = math.prod(sample), len(sample)
-        out_channels = weight.shape[-4]
-        weight = weight.expand(*sample, *weight.shape[-4:]).reshape(-1, *weight.shape[-3:])
-        if not x_sample and self.groups == 1:
+        weight = weight.expand(*sample, *weight.shape[-event - 1 :])
+        weight = weight.reshape(-1, *weight.shape[-event:])
+        if not x_sample and self.groups == 1 and not self.transposed:
             # The first layer: every weight sample sees the same input, no copy needed.
             out = self._conv(x, weight, 1)
         else:
-            x = x.expand(*sample, *x.shape[-4:]).movedim(k, 0)
-            out = self._conv(x.reshape(batch, n * channels, height, width), weight, n * self.groups)
-        out = out.reshape(batch, *sample, out_channels, *out.shape[-2:])
+            x = x.expand(*sample, *x.shape[-event - 1 :]).movedim(k, 0)
+            out = self._conv(
+                x.reshape(batch, n * channels, *x.shape[-self.dims :]), weight, n * self.groups
+            )
+        out = out.reshape(batch, *sample, -1, *out.shape[-self.dims :])
         return out.movedim(0, k)
+
+
+@dataclass(frozen=True)
+class Conv2dMap(ConvMap):
+    """:class:`ConvMap` for ``nn.Conv2d`` (``dims=2``), kept for its familiar name."""
 
 
 @effectful(type="bayesian_affine")

@@ -1,9 +1,11 @@
 """Turning networks into Pyro models of their weights: :func:`bayesianize` and :func:`mlp`.
 
 Every chosen parameter of a network becomes a :class:`~pyro.nn.PyroSample` site named after
-its place in it (``"fc1.weight"``, ``"0.bias"``): each ``nn.Linear`` and ``nn.Conv2d`` is
-replaced by a :class:`~pyro_bbb.nn.layers.BayesianAffine` with priors picked per site by
-name pattern. Nothing here knows of guides or training.
+its place in it (``"fc1.weight"``, ``"0.bias"``, ``"rnn.weight_ih_l0"``), with its prior picked
+by name pattern. ``nn.Linear`` and every ``nn.ConvNd`` / ``nn.ConvTransposeNd`` become a
+:class:`~pyro_bbb.nn.layers.BayesianAffine` (the fast estimators apply to them); any other
+module with a chosen parameter is wrapped in a :class:`~pyro_bbb.nn.module_layer.BayesianModule`
+(weight sampling). Nothing here knows of guides or training.
 """
 
 from __future__ import annotations
@@ -17,53 +19,91 @@ import torch
 from pyro.nn import PyroModule
 from pyro.nn.module import to_pyro_module_
 from torch import nn
+from torch.nn.modules.conv import _ConvNd, _ConvTransposeNd
 
 from ..priors import Gaussian, PriorSpec, resolve_prior
-from .affine import AffineMap, Conv2dMap, LinearMap
-from .layers import BayesianAffine, fold_sample_dims
+from .affine import AffineMap, ConvMap, LinearMap
+from .layers import BayesianAffine, fold_sample_dims, freeze_parameter
+from .module_layer import BayesianModule
 
 __all__ = ["bayesianize", "mlp"]
 
+_CONV_CLASSES = (
+    nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d,
+)  # fmt: skip
+
 
 def _affine_of(module: nn.Module) -> AffineMap | None:
-    if isinstance(module, nn.Linear):
+    """The affine map of a Linear or ConvNd/ConvTransposeNd that runs torch's own forward.
+
+    ``None`` for anything else: a subclass with its own forward, a convolution padded other
+    than with zeros. Those are made Bayesian by weight sampling.
+    """
+    cls = type(module)
+    if isinstance(module, nn.Linear) and cls.forward is nn.Linear.forward:
         return LinearMap()
-    if isinstance(module, nn.Conv2d):
-        if module.padding_mode != "zeros":
-            raise ValueError(
-                f"bayesianize supports Conv2d with padding_mode='zeros', got "
-                f"{module.padding_mode!r}"
-            )
-        return Conv2dMap(
-            stride=tuple(module.stride),
-            padding=module.padding if isinstance(module.padding, str) else tuple(module.padding),
-            dilation=tuple(module.dilation),
-            groups=module.groups,
-        )
-    return None
+    base = next((c for c in _CONV_CLASSES if isinstance(module, c)), None)
+    if base is None or cls.forward is not base.forward or not isinstance(module, _ConvNd):
+        return None
+    if module.padding_mode != "zeros":
+        return None
+    transposed = isinstance(module, _ConvTransposeNd)
+    return ConvMap(
+        dims=len(module.kernel_size),
+        stride=tuple(module.stride),
+        padding=module.padding if isinstance(module.padding, str) else tuple(module.padding),
+        dilation=tuple(module.dilation),
+        groups=module.groups,
+        transposed=transposed,
+        output_padding=tuple(module.output_padding) if transposed else (),
+    )
 
 
 def _matches(name: str, patterns: Iterable[str]) -> bool:
     return any(fnmatch.fnmatchcase(name, p) for p in patterns)
 
 
+def _patterns(name: str, value: str | Sequence[str] | None) -> tuple[str, ...] | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return (value,)
+    if not all(isinstance(p, str) for p in value):
+        raise TypeError(f"{name} must be a pattern or a sequence of patterns, got {value!r}")
+    return tuple(value)
+
+
 def bayesianize(
     module: nn.Module,
     prior: PriorSpec | None = None,
     *,
-    deterministic: Sequence[str] = (),
+    only: str | Sequence[str] | None = None,
+    deterministic: str | Sequence[str] = (),
+    centre_priors: bool = False,
     inplace: bool = False,
 ) -> PyroModule:
-    """Turn the Linear and Conv2d parameters of any network into Pyro sample sites.
+    """Put a prior on every parameter of any network, or on those you choose.
 
-    Every ``nn.Linear`` and ``nn.Conv2d`` becomes a :class:`BayesianAffine` whose weight and
-    bias are sites named by their path in the network (``"fc1.weight"``, ``"0.bias"``).
-    Every other module becomes a :class:`~pyro.nn.PyroModule` with its parameters left
-    deterministic (normalisation layers, embeddings): they are learned as point estimates.
+    Every parameter becomes a Pyro sample site named by its path in the network
+    (``"fc1.weight"``, ``"0.bias"``, ``"rnn.weight_ih_l0"``), unless ``only`` or
+    ``deterministic`` keep it a point estimate. ``nn.Linear``, ``nn.Conv1d/2d/3d`` and
+    ``nn.ConvTranspose1d/2d/3d`` become a :class:`BayesianAffine`, whose pre-activations the
+    fast estimators (``reparam="local"`` or ``"flipout"``) can sample; any other module with a
+    Bayesian parameter (an LSTM, a LayerNorm, an Embedding, a module of your own, a
+    convolution padded other than with zeros) is wrapped in a
+    :class:`~pyro_bbb.nn.module_layer.BayesianModule`, which draws the parameters and runs the
+    module on them (weight sampling). Parameters kept deterministic are learned as point
+    estimates; :func:`~pyro_bbb.nn.network_summary.summary` lists every parameter and what it
+    became.
+    A parameter frozen with ``requires_grad=False`` and kept deterministic stays frozen (it is
+    held as a buffer of the same name, out of Pyro's param store).
     Layers that accept only 4-D inputs (2-D pooling, ``BatchNorm2d``, ``InstanceNorm2d``,
     ``Dropout2d``) are given a forward that folds the weights' sample dims into the batch,
     so vectorised particles and predictions work through them. A reshape of your own (e.g.
     ``nn.Flatten``) must count feature dims from the end: ``nn.Flatten(-3)``.
+
+    For a last-layer (or any subnetwork) BNN on a trained body, name the layers:
+    ``bayesianize(trained, only="head.*")``.
 
     Args:
         module: The network. It is copied unless ``inplace``, so a pretrained network
@@ -71,49 +111,112 @@ def bayesianize(
         prior: One prior for every site, or a mapping from ``fnmatch`` patterns over site
             names to priors (``{"*.bias": Gaussian(10.0), "*": ScaleMixture(...)}``); first
             match wins. Defaults to ``Gaussian(1.0)``.
-        deterministic: Patterns of site names to keep deterministic although they belong to
-            a Linear or Conv2d (e.g. ``["out.bias"]``).
+        only: Patterns of the site names to make Bayesian (e.g. ``"fc2.*"``); ``None`` (the
+            default) for every parameter. Each pattern must match a parameter.
+        deterministic: Patterns of site names to keep deterministic (e.g. ``["*.bias"]``),
+            applied after ``only``.
+        centre_priors: Centre every prior on the parameter's current value (a trained
+            network's weights) instead of on the prior's own mean: the empirical-Bayes prior
+            of MOPED (Krishnan et al. 2020, "Specifying weight priors in Bayesian deep neural
+            networks with empirical Bayes"). A Gaussian stays a Gaussian. A prior carried from
+            a guide (``from_guide``) is left as it is: it is centred on that posterior.
         inplace: Convert ``module`` itself instead of a copy.
 
     Returns:
         The Bayesian network, a ``PyroModule``; ``net(x)`` draws weights from the prior.
 
     Raises:
-        ValueError: If a prior is invalid, no pattern matches a site, or ``deterministic``
-            leaves no parameter Bayesian.
+        ValueError: If a prior is invalid, no pattern matches a site, a pattern of ``only``
+            matches no parameter, or no parameter is left Bayesian.
     """
     if not isinstance(module, nn.Module):
         raise TypeError(f"module must be a torch.nn.Module, got {type(module).__name__}")
     prior = Gaussian(1.0) if prior is None else prior
-    if isinstance(deterministic, str):
-        deterministic = [deterministic]
+    selection = _Selection(
+        prior, _patterns("only", only), _patterns("deterministic", deterministic), centre_priors
+    )
+    if selection.only is not None:
+        names = [name for name, _ in module.named_parameters()]
+        unmatched = [p for p in selection.only if not any(_matches(n, [p]) for n in names)]
+        if unmatched:
+            raise ValueError(
+                f"only: pattern(s) {unmatched} match no parameter; the parameters are {names}"
+            )
     net = module if inplace else copy.deepcopy(module)
-    num_sites = _replace_affine_layers(net, "", prior, tuple(deterministic))
-    if isinstance(net, (nn.Linear, nn.Conv2d)):
-        net = _bayesian_layer(net, "", prior, tuple(deterministic))
-        num_sites = len(net.priors)
-    if num_sites == 0:
+    net = selection.convert(net, "")
+    if selection.num_sites == 0:
         raise ValueError(
-            "bayesianize found no Linear or Conv2d parameter to make Bayesian "
-            f"(deterministic={list(deterministic)!r})"
+            "bayesianize found no parameter to make Bayesian "
+            f"(only={only!r}, deterministic={list(selection.deterministic)!r})"
         )
     fold_sample_dims(net)
-    to_pyro_module_(net)
+    _to_pyro_modules(net)
     return net
 
 
-def _bayesian_layer(
-    layer: nn.Module, path: str, prior: PriorSpec, deterministic: tuple[str, ...]
-) -> BayesianAffine:
-    affine = _affine_of(layer)
-    assert affine is not None
-    priors = {}
-    for pname, value in layer.named_parameters(recurse=False):
-        site = f"{path}.{pname}" if path else pname
-        if value is not None and not _matches(site, deterministic):
-            priors[pname] = resolve_prior(prior, site)
-            _check_carried_shape(priors[pname], site, value.shape)
-    return BayesianAffine(affine, layer.weight, layer.bias, priors)
+class _Selection:
+    """Which parameters become Bayesian, with which prior; converts a network bottom-up."""
+
+    def __init__(
+        self,
+        prior: PriorSpec,
+        only: tuple[str, ...] | None,
+        deterministic: tuple[str, ...],
+        centre_priors: bool,
+    ) -> None:
+        self.prior, self.only, self.deterministic = prior, only, deterministic
+        self.centre_priors = centre_priors
+        self.num_sites = 0
+
+    def priors(self, module: nn.Module, path: str) -> dict[str, PriorSpec]:
+        """The prior of every chosen direct parameter of ``module`` at ``path``."""
+        priors = {}
+        for name, value in module.named_parameters(recurse=False):
+            site = f"{path}.{name}" if path else name
+            if self.only is not None and not _matches(site, self.only):
+                continue
+            if _matches(site, self.deterministic) or not torch.is_floating_point(value):
+                continue
+            priors[name] = resolve_prior(self.prior, site)
+            _check_carried_shape(priors[name], site, value.shape)
+        return priors
+
+    def convert(self, module: nn.Module, path: str) -> nn.Module:
+        """``module`` with its chosen parameters made Bayesian (children first)."""
+        for name, child in list(module.named_children()):
+            converted = self.convert(child, f"{path}.{name}" if path else name)
+            if converted is not child:
+                setattr(module, name, converted)
+        priors = self.priors(module, path)
+        if not priors:
+            for name, value in list(module.named_parameters(recurse=False)):
+                if not value.requires_grad:
+                    freeze_parameter(module, name, value.detach())
+            return module
+        self.num_sites += len(priors)
+        affine = _affine_of(module)
+        if affine is not None:
+            return BayesianAffine(
+                affine, module.weight, module.bias, priors, centre_priors=self.centre_priors
+            )
+        return BayesianModule(module, priors, centre_priors=self.centre_priors)
+
+
+def _to_pyro_modules(module: nn.Module) -> None:
+    """Make every module a ``PyroModule``, but a childless module run by a BayesianModule.
+
+    That one holds no parameter any more and runs under ``functional_call``; it keeps its own
+    class, which matters to modules that cache their weights (``nn.LSTM``).
+    """
+    for child in module.children():
+        if isinstance(module, BayesianModule) and next(child.children(), None) is None:
+            continue
+        _to_pyro_modules(child)
+    # Children first: the parent's conversion re-registers its children, and a Sequential
+    # keeps its order only if all of them are PyroModules by then.
+    to_pyro_module_(module, recurse=False)
+    if isinstance(module, BayesianModule):  # its wrapped module shares its name and context
+        module._pyro_set_supermodule(module._pyro_name, module._pyro_context)
 
 
 def _check_carried_shape(prior: object, site: str, shape: torch.Size) -> None:
@@ -124,21 +227,6 @@ def _check_carried_shape(prior: object, site: str, shape: torch.Size) -> None:
             f"site {site!r} has shape {tuple(carried.shape)} in the guide its prior was made "
             f"from (from_guide) but {tuple(shape)} in this network"
         )
-
-
-def _replace_affine_layers(
-    parent: nn.Module, prefix: str, prior: PriorSpec, deterministic: tuple[str, ...]
-) -> int:
-    count = 0
-    for child_name, child in list(parent.named_children()):
-        path = f"{prefix}.{child_name}" if prefix else child_name
-        if _affine_of(child) is not None:
-            layer = _bayesian_layer(child, path, prior, deterministic)
-            setattr(parent, child_name, layer)
-            count += len(layer.priors)
-        else:
-            count += _replace_affine_layers(child, path, prior, deterministic)
-    return count
 
 
 _ACTIVATIONS: dict[str, Callable[[], nn.Module]] = {

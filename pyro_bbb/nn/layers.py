@@ -1,12 +1,14 @@
-"""The Bayesian layer: :class:`BayesianAffine`, one class for Linear and Conv2d alike.
+"""The Bayesian layers: :class:`BayesianLayer`, their base, and :class:`BayesianAffine`.
 
-This module holds the layer whose weight and bias are Pyro sample sites, the versions of
-4-D-only torch layers (pooling, 2-D normalisation) that accept leading sample dims,
-:func:`initial_values`, which reads the layers' initial weights, and
-:func:`fresh_initial_values`, which draws new ones. The layer applies its
-weights through :func:`~pyro_bbb.nn.affine.bayesian_affine`, the effect that estimators such
-as local reparameterisation intercept. How networks are converted is in
-:mod:`pyro_bbb.nn.builders`. Nothing here knows of guides or training.
+This module holds what every layer whose parameters are Pyro sample sites shares (priors
+built on the layer's device, initial values, site names: :class:`BayesianLayer`), the affine
+layer with fast estimators (:class:`BayesianAffine`, one class for Linear and every ConvNd and
+ConvTransposeNd), the versions of 4-D-only torch layers (pooling, 2-D normalisation) that
+accept leading sample dims, :func:`initial_values`, which reads the layers' initial
+weights, and :func:`fresh_initial_values`, which draws new ones for the affine layers. Any
+other module is made Bayesian by :class:`~pyro_bbb.nn.module_layer.BayesianModule`; how
+networks are converted is in :mod:`pyro_bbb.nn.builders`. Nothing here knows of guides or
+training.
 """
 
 from __future__ import annotations
@@ -19,9 +21,45 @@ from pyro.nn import PyroModule, PyroSample
 from torch import nn
 
 from ..priors import PriorSpec
-from .affine import AffineMap, Conv2dMap, bayesian_affine
+from .affine import AffineMap, ConvMap, bayesian_affine
 
-__all__ = ["BayesianAffine", "fold_sample_dims", "fresh_initial_values", "initial_values"]
+__all__ = [
+    "BayesianAffine",
+    "BayesianLayer",
+    "fold_sample_dims",
+    "freeze_parameter",
+    "fresh_initial_values",
+    "initial_values",
+    "user_class",
+]
+
+
+def user_class(module: nn.Module) -> type[nn.Module]:
+    """The class a user gave ``module``: not ``PyroModule[...]`` nor a sample-folding version."""
+    return next(
+        cls
+        for cls in type(module).__mro__
+        if cls.__module__ != "pyro.nn.module" and cls not in _SAMPLE_FOLDING.values()
+    )
+
+
+#: The attribute listing a module's frozen parameters (kept as buffers).
+FROZEN = "_frozen_parameters"
+
+
+def freeze_parameter(module: nn.Module, name: str, value: torch.Tensor) -> None:
+    """Keep a frozen (``requires_grad=False``) parameter of ``module`` as a buffer.
+
+    Pyro's param store makes every parameter it holds trainable, and a ``PyroModule`` puts
+    its parameters there, so a parameter the user froze (a trained body under a Bayesian
+    head) is held as a buffer of the same name: the forward reads it as before, it moves
+    with ``.to()`` and stays in the ``state_dict``, and no optimiser sees it.
+    """
+    module._parameters.pop(name, None)
+    module.register_buffer(name, value)
+    frozen = module.__dict__.setdefault(FROZEN, [])
+    if name not in frozen:
+        frozen.append(name)
 
 
 class _SitePrior:
@@ -34,57 +72,67 @@ class _SitePrior:
     def __init__(self, param: str) -> None:
         self.param = param
 
-    def __call__(self, layer: BayesianAffine) -> dist.TorchDistribution:
+    def __call__(self, layer: BayesianLayer) -> dist.TorchDistribution:
         return layer.prior_distribution(self.param)
 
 
-class BayesianAffine(PyroModule):
-    r"""A layer :math:`x \mapsto x \circledast W + b` whose weight and bias are Pyro sites.
+def _centred(distribution: dist.TorchDistribution, centre: torch.Tensor) -> dist.TorchDistribution:
+    """``distribution`` shifted by ``centre`` (one event of its shape).
 
-    Built from an ``nn.Linear`` or ``nn.Conv2d`` by :func:`bayesianize` (or directly), it
-    keeps that layer's initial values as the default means of a guide
-    (:func:`initial_values`). Each Bayesian parameter is a
-    :class:`~pyro.nn.PyroSample` whose prior is created on the device of the layer (once
-    per device and dtype for a ``cacheable`` prior), so ``.to(device)`` is all it takes to
-    move it.
+    A Gaussian stays a Gaussian (so its KL to a Gaussian guide stays analytic); any other
+    prior is shifted by an affine transform.
+    """
+    base, event = distribution, 0
+    while isinstance(base, torch.distributions.Independent):
+        event += base.reinterpreted_batch_ndims
+        base = base.base_dist
+    if isinstance(base, torch.distributions.Normal):
+        return dist.Normal(base.loc + centre, base.scale).to_event(event)
+    shift = dist.transforms.AffineTransform(centre, 1.0, event_dim=centre.dim())
+    return dist.TransformedDistribution(distribution, [shift])
 
-    Weights may carry leading sample dims (``(P, 1, out, in)`` under a particle plate), so
-    ``Predictive(parallel=True)`` and vectorised ELBO particles work; see
-    :mod:`pyro_bbb.nn.affine` for the shape rules.
+
+class BayesianLayer(PyroModule):
+    r"""Base of the layers whose parameters are Pyro sample sites.
+
+    Each Bayesian parameter ``name`` is a :class:`~pyro.nn.PyroSample` whose prior is created
+    on the layer's device (once per device and dtype for a ``cacheable`` prior), so
+    ``.to(device)`` is all it takes to move it; the value the parameter had when the layer was
+    made (its own initialisation or trained weights) is kept in the buffer ``<name>_init``,
+    the default mean of a guide (:func:`initial_values`). A parameter without a prior stays a
+    deterministic ``nn.Parameter`` (a point estimate). Site names are the layer's path and the
+    parameter's name, ``"fc1.weight"``.
 
     Args:
-        affine: The map to apply (:class:`~pyro_bbb.nn.affine.LinearMap` or
-            :class:`~pyro_bbb.nn.affine.Conv2dMap`).
-        weight: Initial weight, ``(out, in)`` or ``(out, in / groups, kh, kw)``.
-        bias: Initial bias ``(out,)`` or ``None``.
-        priors: Prior per parameter name (``"weight"``, ``"bias"``); a parameter missing
-            from it stays a deterministic ``nn.Parameter``.
+        priors: Prior per Bayesian parameter name.
+        centre_priors: Shift every prior by the parameter's initial value, so that a prior
+            with mean 0 is centred on the (trained) weights the layer was made from; a prior
+            carried from a guide (with an ``initial_loc``) is left as it is.
     """
 
-    def __init__(
-        self,
-        affine: AffineMap,
-        weight: torch.Tensor,
-        bias: torch.Tensor | None,
-        priors: Mapping[str, PriorSpec],
-    ) -> None:
+    def __init__(self, priors: Mapping[str, PriorSpec], *, centre_priors: bool = False) -> None:
         super().__init__()
-        self.affine = affine
         self.priors = dict(priors)
-        self.fan_in = int(weight[0].numel())
-        for name, value in (("weight", weight), ("bias", bias)):
-            if value is None:
-                setattr(self, name, None)
-            elif name in self.priors:
-                # The module's own initialisation: the default guide mean.
-                self.register_buffer(f"{name}_init", value.detach().clone(), persistent=False)
-                setattr(self, name, PyroSample(_SitePrior(name)))
-            else:
-                setattr(self, name, nn.Parameter(value.detach().clone()))
+        self.centre_priors = bool(centre_priors)
+        self.fan_in: dict[str, int] = {}
+
+    def _add_parameter(self, name: str, value: torch.Tensor | None, fan_in: int) -> None:
+        """Make ``value`` the parameter ``name``: a sample site if it has a prior."""
+        if value is None:
+            setattr(self, name, None)
+        elif name in self.priors:
+            # The module's own initialisation: the default guide mean.
+            self.register_buffer(f"{name}_init", value.detach().clone(), persistent=False)
+            self.fan_in[name] = fan_in
+            setattr(self, name, PyroSample(_SitePrior(name)))
+        elif not value.requires_grad:
+            freeze_parameter(self, name, value.detach().clone())
+        else:
+            setattr(self, name, nn.Parameter(value.detach().clone()))
 
     @property
     def bayesian_parameters(self) -> tuple[str, ...]:
-        """Names of the parameters that are sample sites (``"weight"``, ``"bias"``)."""
+        """Names of the parameters that are sample sites (``"weight"``, ``"bias"``, …)."""
         return tuple(self.priors)
 
     def prior_distribution(self, param: str) -> dist.TorchDistribution:
@@ -98,13 +146,14 @@ class BayesianAffine(PyroModule):
         """
         init = self._buffers[f"{param}_init"]
         prior = self.priors[param]
+        fan_in = self.fan_in[param]
         joint = getattr(prior, "joint_sites", ())
         if joint:
             prefix = self._joint_prefix(param, prior.site)
             context = self._pyro_context  # holds this run's draws, by full site name
             drawn = {s: v for s in joint if (v := context.get(prefix + s)) is not None}
             return prior.site_distribution(
-                init.shape, fan_in=self.fan_in, device=init.device, dtype=init.dtype, drawn=drawn
+                init.shape, fan_in=fan_in, device=init.device, dtype=init.dtype, drawn=drawn
             )
         key = (prior, init.device, init.dtype)
         cache = self.__dict__.setdefault("_prior_cache", {})
@@ -112,8 +161,10 @@ class BayesianAffine(PyroModule):
         if cached is not None and cached[0] == key:
             return cached[1]
         distribution = prior.site_distribution(
-            init.shape, fan_in=self.fan_in, device=init.device, dtype=init.dtype
+            init.shape, fan_in=fan_in, device=init.device, dtype=init.dtype
         )
+        if self.centre_priors and getattr(prior, "initial_loc", None) is None:
+            distribution = _centred(distribution, init)  # a carried posterior has its own
         if getattr(prior, "cacheable", False):
             cache[param] = (key, distribution)
         return distribution
@@ -124,7 +175,7 @@ class BayesianAffine(PyroModule):
         A joint prior names its sites as the network it was made for did; in a model with a
         name, the drawn values carry that name in front.
         """
-        fullname = self._site_names()[("weight", "bias").index(param)]
+        fullname = self._site_names()[param]
         if fullname == site:
             return ""
         if fullname.endswith("." + site):
@@ -133,6 +184,66 @@ class BayesianAffine(PyroModule):
             f"site {fullname!r} has the prior of site {site!r} (a joint prior from "
             "from_guide): each site must keep the prior made for it"
         )
+
+    def _site_names(self) -> dict[str, str]:
+        """The full site name of every Bayesian parameter, cached.
+
+        A name depends on where the layer sits in its network, so the cache is keyed by
+        the layer's own Pyro name.
+        """
+        prefix = self.__dict__.get("_pyro_name")
+        cached = self.__dict__.get("_site_name_cache")
+        if cached is None or cached[0] != prefix:
+            names = {name: self._pyro_get_fullname(name) for name in self.priors}
+            cached = (prefix, names)
+            self.__dict__["_site_name_cache"] = cached
+        return cached[1]
+
+    def parameter_shape(self, name: str) -> torch.Size:
+        """The shape of parameter ``name``, Bayesian or not."""
+        if name in self.priors:
+            return self._buffers[f"{name}_init"].shape
+        return self._parameters[name].shape
+
+
+class BayesianAffine(BayesianLayer):
+    r"""A layer :math:`x \mapsto x \circledast W + b` whose weight and bias are Pyro sites.
+
+    Built from an ``nn.Linear``, ``nn.Conv1d/2d/3d`` or ``nn.ConvTranspose1d/2d/3d`` by
+    :func:`bayesianize` (or directly). It applies its weights through the effect
+    :func:`~pyro_bbb.nn.affine.bayesian_affine`, so the fast estimators (local
+    reparameterisation, flipout) apply to it; see :class:`BayesianLayer` for priors and
+    initial values.
+
+    Weights may carry leading sample dims (``(P, 1, out, in)`` under a particle plate), so
+    ``Predictive(parallel=True)`` and vectorised ELBO particles work; see
+    :mod:`pyro_bbb.nn.affine` for the shape rules.
+
+    Args:
+        affine: The map to apply (:class:`~pyro_bbb.nn.affine.LinearMap` or
+            :class:`~pyro_bbb.nn.affine.ConvMap`).
+        weight: Initial weight, ``(out, in)``, ``(out, in / groups, *kernel)`` or (transposed)
+            ``(in, out / groups, *kernel)``.
+        bias: Initial bias ``(out,)`` or ``None``.
+        priors: Prior per parameter name (``"weight"``, ``"bias"``); a parameter missing
+            from it stays a deterministic ``nn.Parameter``.
+        centre_priors: See :class:`BayesianLayer`.
+    """
+
+    def __init__(
+        self,
+        affine: AffineMap,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        priors: Mapping[str, PriorSpec],
+        *,
+        centre_priors: bool = False,
+    ) -> None:
+        super().__init__(priors, centre_priors=centre_priors)
+        self.affine = affine
+        fan_in = int(weight[0].numel())  # torch's own convention, also for transposed convs
+        self._add_parameter("weight", weight, fan_in)
+        self._add_parameter("bias", bias, fan_in)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Apply the layer.
@@ -144,14 +255,14 @@ class BayesianAffine(PyroModule):
             Pre-activation ``(*sample, batch, *out_features)``.
         """
         self._check_features(x)
-        weight_site, bias_site = self._site_names()
+        names = self._site_names()
         return bayesian_affine(
             x,
             self.weight,
             self.bias,
             affine=self.affine,
-            weight_site=weight_site,
-            bias_site=bias_site,
+            weight_site=names.get("weight"),
+            bias_site=names.get("bias"),
         )
 
     def _check_features(self, x: torch.Tensor) -> None:
@@ -165,36 +276,14 @@ class BayesianAffine(PyroModule):
                 f"features {tuple(expected)} in its last dims, got x of shape {tuple(x.shape)}"
             )
 
-    def _site_names(self) -> tuple[str | None, str | None]:
-        """The full site names of weight and bias (``None`` if deterministic), cached.
-
-        A name depends on where the layer sits in its network, so the cache is keyed by
-        the layer's own Pyro name.
-        """
-        prefix = self.__dict__.get("_pyro_name")
-        cached = self.__dict__.get("_site_name_cache")
-        if cached is None or cached[0] != prefix:
-            names = tuple(
-                self._pyro_get_fullname(name) if name in self.priors else None
-                for name in ("weight", "bias")
-            )
-            cached = (prefix, names)
-            self.__dict__["_site_name_cache"] = cached
-        return cached[1]
-
     def _expected_features(self) -> tuple[int | None, ...]:
-        shape = self._parameter_shape("weight")
-        if isinstance(self.affine, Conv2dMap):
-            return (shape[1] * self.affine.groups, None, None)
+        shape = self.parameter_shape("weight")
+        if isinstance(self.affine, ConvMap):
+            return (self.affine.in_channels(shape), *(None,) * self.affine.dims)
         return (shape[1],)
 
-    def _parameter_shape(self, name: str) -> torch.Size:
-        if name in self.priors:
-            return getattr(self, f"{name}_init").shape
-        return self._parameters[name].shape
-
     def extra_repr(self) -> str:  # noqa: D102
-        shape = tuple(self._parameter_shape("weight"))
+        shape = tuple(self.parameter_shape("weight"))
         priors = ", ".join(f"{k}={v!r}" for k, v in self.priors.items())
         return f"{type(self.affine).__name__}, weight={shape}, {priors}"
 
@@ -257,7 +346,7 @@ def initial_values(model: nn.Module) -> dict[str, torch.Tensor]:
     """
     values = {}
     for module in model.modules():
-        if isinstance(module, BayesianAffine):
+        if isinstance(module, BayesianLayer):
             for param in module.bayesian_parameters:
                 site = f"{module._pyro_name}.{param}" if module._pyro_name else param
                 init = getattr(module, f"{param}_init")
@@ -269,13 +358,16 @@ def initial_values(model: nn.Module) -> dict[str, torch.Tensor]:
 
 
 def fresh_initial_values(model: nn.Module) -> dict[str, torch.Tensor]:
-    r"""A new draw of torch's default initialisation of every Bayesian layer parameter.
+    r"""A new draw of torch's default initialisation of every Bayesian affine layer's parameters.
 
-    ``nn.Linear`` and ``nn.Conv2d`` start their weight and bias from
+    ``nn.Linear`` and every ``ConvNd``/``ConvTransposeNd`` start their weight and bias from
     :math:`\mathcal{U}(-1/\sqrt{\text{fan\_in}}, 1/\sqrt{\text{fan\_in}})` (Kaiming-uniform
     with :math:`a = \sqrt 5` for the weight); this draws that again, from torch's global
-    random state, for every parameter :func:`initial_values` lists. Independently initialised
-    members of an ensemble start here (Lakshminarayanan et al. 2017).
+    random state, for the parameters of every :class:`BayesianAffine`. Independently
+    initialised members of an ensemble start here (Lakshminarayanan et al. 2017). Other
+    Bayesian layers (a :class:`~pyro_bbb.nn.module_layer.BayesianModule`: a LayerNorm's scale
+    starts at 1, not at a random draw) are left out: their members start from
+    :func:`initial_values`.
 
     Args:
         model: A network from :func:`bayesianize`/:func:`mlp`, or a model containing one.
@@ -286,8 +378,8 @@ def fresh_initial_values(model: nn.Module) -> dict[str, torch.Tensor]:
     values = {}
     for module in model.modules():
         if isinstance(module, BayesianAffine):
-            bound = 1.0 / module.fan_in**0.5
             for param in module.bayesian_parameters:
+                bound = 1.0 / module.fan_in[param] ** 0.5
                 site = f"{module._pyro_name}.{param}" if module._pyro_name else param
                 init = getattr(module, f"{param}_init")
                 values[site] = torch.empty_like(init).uniform_(-bound, bound)

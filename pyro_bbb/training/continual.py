@@ -37,7 +37,7 @@ from .._validation import check_choice, check_int
 from ..infer.guides import MeanFieldGuide
 from ..infer.predictive import ClassificationPrediction, RegressionPrediction, predict
 from ..model import BNN
-from ..nn import BayesianAffine, MultiHead
+from ..nn import BayesianLayer, MultiHead
 from ..priors import PosteriorPrior, from_guide
 from .coresets import CoresetMethod, select_coreset
 from .history import History
@@ -257,11 +257,11 @@ def _chain_draws(model: BNN):
     return poutine.block(model, hide_fn=hidden)
 
 
-def _bayesian_sites(net: torch.nn.Module) -> dict[str, tuple[BayesianAffine, str]]:
+def _bayesian_sites(net: torch.nn.Module) -> dict[str, tuple[BayesianLayer, str]]:
     """``{site name: (layer, parameter name)}`` of every Bayesian parameter of ``net``."""
     sites = {}
     for module in net.modules():
-        if isinstance(module, BayesianAffine):
+        if isinstance(module, BayesianLayer):
             for param in module.bayesian_parameters:
                 name = f"{module._pyro_name}.{param}" if module._pyro_name else param
                 sites[name] = (module, param)

@@ -29,8 +29,9 @@ from .._devices import cuda_devices, device_of
 from .._validation import check_int, check_positive_number
 from ..infer.collapse import FRACTION_THRESHOLD as COLLAPSE_FRACTION
 from ..infer.collapse import CollapseMonitor, diagnose_collapse, warn_if_collapsed
-from ..infer.elbo import AnnealedELBO
-from ..infer.reparam import estimator
+from ..infer.elbo import AnnealedELBO, ELBOTerms
+from ..infer.fused import FusedELBO, fused_elbo
+from ..infer.reparam import estimator, warn_mixed_estimators
 from ..infer.schedules import ScheduleLike, as_schedule, delayed_warmup
 from .callbacks import Callback
 from .checkpoint import Checkpointing, FitState, fit_options
@@ -85,6 +86,13 @@ def fit(
     The History is averaged over processes and recorded on each; only rank 0 shows progress
     and writes checkpoints. :mod:`pyro_bbb.training.distributed` has the details.
 
+    **What a step costs.** The data are checked once, and Pyro's validation (when enabled,
+    as by ``pyro.enable_validation(True)``) checks the distributions of the first step once,
+    before training; the steps then do only the arithmetic. For a :class:`~pyro_bbb.BNN`
+    under :class:`~pyro_bbb.MeanFieldGuide` or :class:`~pyro_bbb.LowRankGuide` a step
+    evaluates the same ELBO, with the same random draws, without tracing the two programs
+    (:mod:`~pyro_bbb.infer.fused`); every other model, guide or handler is traced.
+
     **Checkpoints.** ``checkpoint=PATH`` writes, atomically, every ``checkpoint_every``
     epochs and at the end, what a bit-identical resume needs: parameters, optimiser state,
     History and every random state. ``resume=PATH`` continues such a fit up to ``epochs``
@@ -128,7 +136,9 @@ def fit(
             throughout, e.g. to continue a fit.
         num_particles: Weight samples per step, vectorised.
         reparam: Gradient estimator: ``None`` (sample the weights), ``"local"`` or
-            ``"flipout"`` (see :mod:`pyro_bbb.infer.reparam`).
+            ``"flipout"`` (see :mod:`pyro_bbb.infer.reparam`). It applies to the affine
+            layers (Linear, ConvNd, ConvTransposeNd); any other Bayesian layer is drawn by
+            weight sampling, and a warning lists them (``model.summary(reparam=...)`` too).
         device: Move model, guide and data here (e.g. ``"cuda"``); ``None`` keeps the
             model's device.
         seed: Seed for Pyro, torch and the minibatch order (on ``W`` processes: the set-up
@@ -172,6 +182,7 @@ def fit(
     check_positive_number("lr", lr)
     schedule = delayed_warmup(epochs) if beta is None else as_schedule(beta)
     handler = estimator(reparam)
+    warn_mixed_estimators(model, reparam)
     parallel = data_parallel()  # a world of one unless torch.distributed is initialised
     options = fit_options(
         x, batch_size=batch_size, shuffle=shuffle, num_particles=num_particles, reparam=reparam
@@ -190,7 +201,8 @@ def fit(
     elbo = AnnealedELBO(schedule(0.0), num_particles=num_particles)
     first = next(iter(batches()))
     check_likelihood_scale(model, first, batches.num_data)
-    named, params = _parameters(model, guide, elbo, handler, first)
+    named, params, first_terms = _parameters(model, guide, elbo, handler, first)
+    fused = _fused(model, guide, elbo, reparam, first_terms, params)
     optim = make_optimizer(optimizer, params, lr)
     rates = LRSchedule(InverseTimeDecay(epochs) if lr_schedule is None else lr_schedule, optim)
     parallel.broadcast_(params)  # every process starts from rank 0's parameters
@@ -206,7 +218,10 @@ def fit(
     show = (sys.stderr.isatty() if progress is None else progress) and parallel.is_main
     bar = _Progress(epochs, show, initial=len(history))
     done = history.steps[-1] if history.steps else 0
-    steps = Steps(model, guide, elbo, handler, optim, params, parallel, callbacks, rates, step=done)
+    steps = Steps(
+        model, guide, elbo, handler, optim, params, parallel, callbacks, rates,
+        step=done, fused=fused,
+    )  # fmt: skip
     for epoch in range(len(history), epochs):
         record = steps.epoch(batches, epoch, schedule)
         _append(history, record, collapsed=monitor.fraction())
@@ -253,12 +268,13 @@ def _parameters(
     elbo: AnnealedELBO,
     handler: Callable[[], AbstractContextManager],
     batch: tuple[torch.Tensor, ...],
-) -> tuple[dict[str, torch.Tensor], list[torch.Tensor]]:
-    """Every parameter by param-store name, and the distinct trainable ones, in order.
+) -> tuple[dict[str, torch.Tensor], list[torch.Tensor], ELBOTerms]:
+    """Every parameter by param-store name, the distinct trainable ones, and the ELBO's terms.
 
     One evaluation of the ELBO on ``batch`` creates the guide's parameters; it runs under a
     forked random state, so the first step then draws what ``SVI``'s first step would draw
-    from the same seed.
+    from the same seed. It is also the fit's one validated evaluation: with Pyro's validation
+    on, it checks the first step's distributions, and the steps then run without the checks.
 
     Raises:
         ValueError: If the model and guide have no trainable parameter.
@@ -269,12 +285,38 @@ def _parameters(
         poutine.trace(param_only=True) as capture,
         torch.no_grad(),
     ):
-        elbo.terms(model, guide, *batch)
+        terms = elbo.terms(model, guide, *batch)
     named = {name: site["value"].unconstrained() for name, site in capture.trace.nodes.items()}
     params = [p for p in _unique(named.values()) if p.requires_grad]
     if not params:
         raise ValueError("the model and guide have no trainable parameters")
-    return named, params
+    return named, params, terms
+
+
+def _fused(
+    model: Callable[..., Any],
+    guide: Callable[..., Any],
+    elbo: AnnealedELBO,
+    reparam: str | None,
+    first: ELBOTerms,
+    params: list[torch.Tensor],
+) -> FusedELBO | None:
+    """The fused evaluation of the steps, or ``None`` to trace model and guide every step.
+
+    Taken when :func:`~pyro_bbb.infer.fused.fused_elbo` recognises model, guide and
+    estimator, its sites are those of the traced set-up evaluation ``first`` (a network
+    whose ``forward`` issues sample statements of its own has more), and it reads only
+    parameters the optimiser trains.
+    """
+    fused = fused_elbo(model, guide, elbo, reparam)
+    trained = {id(p) for p in params}
+    if (
+        fused is None
+        or not fused.covers(first)
+        or any(id(p) not in trained for p in fused.parameters())
+    ):
+        return None
+    return fused
 
 
 def _resume_or_seed(

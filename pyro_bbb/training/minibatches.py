@@ -24,9 +24,8 @@ from torch.utils.data import DataLoader, DistributedSampler
 
 from .._devices import cuda_devices
 from .._validation import (
-    check_dtype,
+    check_features,
     check_finite_tensor,
-    check_floating_tensor,
     check_has_values,
     check_same_rows,
 )
@@ -222,9 +221,10 @@ def _check_data(model, x: torch.Tensor, y: torch.Tensor, widths: dict | None = N
     ``widths`` caches the network's output width across the batches of a loader, so the
     network runs once per fit for this check, not once per batch.
     """
-    check_floating_tensor("x", x)
-    check_dtype("x", x, getattr(model, "dtype", None))
-    check_finite_tensor("x", x)
+    tokens = getattr(model, "accepts_token_ids", False)
+    check_features("x", x, getattr(model, "dtype", None), tokens=tokens)
+    if x.is_floating_point():
+        check_finite_tensor("x", x)
     check_same_rows(x, y)
     likelihood = getattr(model, "likelihood", None)
     net = getattr(model, "net", None)

@@ -6,9 +6,12 @@ data-parallel fit, calls the callbacks' ``on_after_backward`` and updates the pa
 Written out rather than run by ``SVI`` so that β can change per step, the ELBO's parts are
 recorded, and hooks can act between the backward pass and the update.
 
-A loss that is not finite stops the fit with a :class:`FloatingPointError` that names the
-epoch, the step and the sites whose terms are not finite (:class:`Steps` evaluates the step
-again without Pyro's validation when that is what stopped it). :class:`Steps` also takes one
+For a :class:`~pyro_bbb.BNN` under this package's guides the terms come from
+:class:`~pyro_bbb.infer.fused.FusedELBO` (the same terms without tracing the two programs)
+when ``fit`` passes one. Pyro's validation is off during the steps: ``fit`` checked the first
+step's distributions once, before training. A loss that is not finite stops the fit with a
+:class:`FloatingPointError` that names the epoch, the step and the sites whose terms are not
+finite. :class:`Steps` also takes one
 pass over the minibatches and returns the epoch's means as an :class:`EpochRecord`; what
 ``fit`` does with them (the History, progress, checkpoints) is the loop's business.
 """
@@ -24,6 +27,7 @@ import pyro
 import torch
 
 from ..infer.elbo import AnnealedELBO, ELBOTerms
+from ..infer.fused import FusedELBO
 from .callbacks import Callback
 from .distributed import DataParallel
 from .lr_schedules import LRSchedule
@@ -64,6 +68,8 @@ class Steps:
         rates: The learning-rate schedule over ``optimizer``, set before each step and
             stepped at each epoch's end.
         step: Steps already taken (non-zero when a fit resumes).
+        fused: The fused evaluation of this model, guide, ELBO and estimator, or ``None`` to
+            trace them every step.
     """
 
     def __init__(
@@ -79,8 +85,10 @@ class Steps:
         rates: LRSchedule,
         *,
         step: int = 0,
+        fused: FusedELBO | None = None,
     ) -> None:
         self.model, self.guide, self.elbo, self.handler = model, guide, elbo, handler
+        self.fused = fused
         self.optimizer, self.params, self.parallel = optimizer, params, parallel
         self.callbacks, self.rates = callbacks, rates
         #: Optimiser steps taken since the start of the fit.
@@ -137,35 +145,19 @@ class Steps:
         return terms
 
     def terms(self, batch: Sequence[torch.Tensor], epoch: int, i: int) -> ELBOTerms:
-        """The ELBO's terms on ``batch``, or a :class:`FloatingPointError` naming bad sites."""
-        try:
-            with self.handler():
-                terms = self.elbo.terms(self.model, self.guide, *batch)
-        except ValueError as error:  # Pyro's validation found a NaN or bad parameter
-            unvalidated = self._unvalidated_terms(batch)
-            if unvalidated is None:
-                raise
-            raise _non_finite(unvalidated, epoch, i, self.count) from error
+        """The ELBO's terms on ``batch``, or a :class:`FloatingPointError` naming bad sites.
+
+        A parameter that turns NaN or leaves its support makes the loss non-finite, which is
+        what stops the fit here; Pyro's validation, which would also catch it, is off.
+        """
+        with pyro.validation_enabled(False):
+            if self.fused is not None:
+                terms = self.fused.terms(*batch)
+            else:
+                with self.handler():
+                    terms = self.elbo.terms(self.model, self.guide, *batch)
         if not torch.isfinite(terms.loss):
             raise _non_finite(terms, epoch, i, self.count)
-        return terms
-
-    def _unvalidated_terms(self, batch: Sequence[torch.Tensor]) -> ELBOTerms | None:
-        """A step's ELBO terms without Pyro's validation, if they show a non-finite term.
-
-        Mid-training, a validation error almost always means that a parameter went NaN or
-        left its support; evaluating the step again without validation names the sites whose
-        terms are not finite. ``None`` when that evaluation fails too or finds every term
-        finite: the original error is then the better report.
-        """
-        try:
-            with pyro.validation_enabled(False), torch.no_grad(), self.handler():
-                terms = self.elbo.terms(self.model, self.guide, *batch)
-        except Exception:
-            return None
-        sites = terms.sites.values()
-        if torch.isfinite(terms.loss) and all(torch.isfinite(v).all() for v in sites):
-            return None
         return terms
 
 

@@ -1,4 +1,4 @@
-"""Tests of pyro_bbb.nn.affine: Linear and Conv2d maps over weights with sample dims."""
+"""Tests of pyro_bbb.nn.affine: Linear and ConvNd/ConvTransposeNd maps over sampled weights."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from pyro_bbb.nn.affine import Conv2dMap, LinearMap
+from pyro_bbb.nn.affine import Conv2dMap, ConvMap, LinearMap
 
 from .networks import conv_loop, linear_loop
 
@@ -81,3 +81,54 @@ def test_conv2d_map_with_same_padding_and_sampled_weights_matches_a_loop():
 def test_conv2d_map_rejects_inputs_without_channel_and_spatial_dims():
     with pytest.raises(ValueError, match=r"x must be \(\*sample, batch, channels, height, width\)"):
         Conv2dMap()(torch.randn(3, 8, 8), torch.randn(2, 3, 3, 3), None)
+
+
+ND_CASES = [
+    pytest.param(1, False, {"stride": 2, "padding": 1, "dilation": 2, "groups": 2}, id="conv1d"),
+    pytest.param(3, False, {"stride": 1, "padding": 1, "dilation": 1, "groups": 1}, id="conv3d"),
+    pytest.param(
+        1, True, {"stride": 2, "padding": 1, "output_padding": 1, "groups": 2, "dilation": 1},
+        id="conv_transpose1d",
+    ),
+    pytest.param(
+        2, True, {"stride": 2, "padding": 0, "output_padding": 0, "groups": 1, "dilation": 2},
+        id="conv_transpose2d",
+    ),
+    pytest.param(
+        3, True, {"stride": 1, "padding": 1, "output_padding": 0, "groups": 1, "dilation": 1},
+        id="conv_transpose3d",
+    ),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("dims", "transposed", "options"), ND_CASES)
+@pytest.mark.parametrize("x_has_samples", [False, True])
+def test_conv_map_of_any_dimension_and_its_transpose_matches_a_loop_of_torch_calls(
+    dims, transposed, options, x_has_samples
+):
+    P, B, c_in, c_out, groups = 3, 2, 4, 6, options["groups"]
+    if transposed:
+        weight_shape = (c_in, c_out // groups, *(3,) * dims)
+        fn = {1: F.conv_transpose1d, 2: F.conv_transpose2d, 3: F.conv_transpose3d}[dims]
+    else:
+        weight_shape = (c_out, c_in // groups, *(3,) * dims)
+        fn = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}[dims]
+    weight, bias = torch.randn(P, 1, *weight_shape), torch.randn(P, 1, c_out)
+    spatial = (5,) * dims
+    x = torch.randn(P, B, c_in, *spatial) if x_has_samples else torch.randn(B, c_in, *spatial)
+    affine = ConvMap(
+        dims=dims, transposed=transposed,
+        stride=(options["stride"],) * dims, padding=(options["padding"],) * dims,
+        dilation=(options["dilation"],) * dims, groups=groups,
+        output_padding=(options["output_padding"],) * dims if transposed else (),
+    )  # fmt: skip
+    out = affine(x, weight, bias)
+    expected = torch.stack(
+        [fn(x[p] if x_has_samples else x, weight[p, 0], bias[p, 0], **options) for p in range(P)]
+    )
+    assert out.shape == expected.shape
+    torch.testing.assert_close(out, expected)
+    # and one unsampled weight broadcasts over the input's sample dims
+    plain = affine(x, weight[0, 0], bias[0, 0])
+    first = fn(x[0] if x_has_samples else x, weight[0, 0], bias[0, 0], **options)
+    torch.testing.assert_close(plain[0] if x_has_samples else plain, first)

@@ -112,7 +112,7 @@ def test_deterministic_bias_is_used_as_is_in_the_forward_pass():
 
 
 def test_bayesianize_rejects_a_network_left_without_random_parameters():
-    with pytest.raises(ValueError, match=r"no Linear or Conv2d parameter"):
+    with pytest.raises(ValueError, match=r"found no parameter to make Bayesian"):
         bayesianize(TwoLayerNet(), deterministic=["*"])
 
 
@@ -121,11 +121,22 @@ def test_bayesianize_rejects_a_non_module():
         bayesianize(lambda x: x)
 
 
-def test_normalisation_layer_parameters_stay_deterministic():
+def test_normalisation_layers_become_bayesian_by_weight_sampling():
     module = nn.Sequential(
         nn.Linear(3, 4), nn.BatchNorm1d(4), nn.ReLU(), nn.Linear(4, 4), nn.LayerNorm(4)
     )
     net = bayesianize(module)
+    sites = sample_sites(net, torch.randn(6, 3))
+    assert list(sites) == [f"{i}.{p}" for i in (0, 1, 3, 4) for p in ("weight", "bias")]
+    assert isinstance(net[1], pyro_bbb.nn.BayesianModule)
+    assert net[1].wrapped_type is nn.BatchNorm1d
+
+
+def test_deterministic_normalisation_parameters_are_point_estimates():
+    module = nn.Sequential(
+        nn.Linear(3, 4), nn.BatchNorm1d(4), nn.ReLU(), nn.Linear(4, 4), nn.LayerNorm(4)
+    )
+    net = bayesianize(module, deterministic=["1.*", "4.*"])
     sites = sample_sites(net, torch.randn(6, 3))
     assert list(sites) == ["0.weight", "0.bias", "3.weight", "3.bias"]
     for index in (1, 4):
@@ -137,10 +148,15 @@ def test_normalisation_layer_parameters_stay_deterministic():
     assert {"1.weight", "1.bias", "4.weight", "4.bias"} <= params
 
 
-def test_bayesianize_rejects_conv_with_non_zero_padding_mode():
+def test_a_conv_padded_other_than_with_zeros_is_drawn_by_weight_sampling():
     conv = nn.Conv2d(1, 2, 3, padding=1, padding_mode="reflect")
-    with pytest.raises(ValueError, match=r"padding_mode='zeros'.*'reflect'"):
-        bayesianize(nn.Sequential(conv))
+    net = bayesianize(nn.Sequential(conv))
+    assert isinstance(net[0], pyro_bbb.nn.BayesianModule)
+    x = torch.randn(4, 1, 5, 5)
+    weight, bias = torch.randn(2, 1, 3, 3), torch.randn(2)
+    out = pyro.poutine.condition(net, data={"0.weight": weight, "0.bias": bias})(x)
+    padded = nn.functional.pad(x, (1, 1, 1, 1), mode="reflect")
+    torch.testing.assert_close(out, nn.functional.conv2d(padded, weight, bias))
 
 
 def test_bayesian_mlp_with_sampled_weights_matches_a_loop_over_samples():
@@ -217,7 +233,7 @@ def test_four_d_only_layers_take_inputs_with_sample_dims_after_bayesianize():
         nn.Flatten(-3),
         nn.Linear(4 * 4 * 4, 3),
     )
-    net = bayesianize(cnn)
+    net = bayesianize(cnn, deterministic="1.*")
     assert isinstance(net[3], nn.MaxPool2d) and isinstance(net[1], nn.BatchNorm2d)
     model = BNN(net, likelihoods.Categorical(), num_data=12)
     guide = MeanFieldGuide(model)

@@ -9,5 +9,6 @@ on the same footing.
 from .delta import DeltaGuide
 from .low_rank import LowRankGuide
 from .mean_field import MeanFieldGuide
+from .moped import MOPED
 
-__all__ = ["DeltaGuide", "LowRankGuide", "MeanFieldGuide"]
+__all__ = ["MOPED", "DeltaGuide", "LowRankGuide", "MeanFieldGuide"]

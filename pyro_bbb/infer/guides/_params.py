@@ -83,3 +83,12 @@ class ParamRef:
                     return value
         # Out of sync, substituted by a handler, or module-local: PyroModule's own path.
         return getattr(owner, self._leaf)
+
+    def module_value(self) -> torch.Tensor:
+        """The module's own tensor, without a ``pyro.param`` statement.
+
+        For a reader that has checked once that the module and Pyro's param store hold the
+        same tensor (``fit``'s fused step, whose optimiser holds the store's tensors). The
+        parameter is real-valued, so this is its value.
+        """
+        return self._owner._parameters[f"{self._leaf}_unconstrained"]

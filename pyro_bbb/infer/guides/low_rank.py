@@ -31,6 +31,7 @@ from ..sites import BLOCK_KEY, JOINT_KEY
 from ._base import GaussianGuide
 from ._init import InitLoc, check_init_scale
 from ._params import set_param
+from .moped import MOPED
 
 __all__ = ["LowRankGuide", "LowRankMultivariateNormal"]
 
@@ -100,7 +101,8 @@ class LowRankGuide(GaussianGuide):
             grows as ``d·rank`` per layer. ``"network"``: one block of every weight, for small
             networks where cross-layer correlation matters.
         init_scale: Marginal posterior std at initialisation, split 3:1 in variance between
-            the diagonal and the factor.
+            the diagonal and the factor; or :class:`~pyro_bbb.infer.guides.moped.MOPED`, a
+            std per weight proportional to its initial mean's magnitude.
         init_loc: As in :class:`~pyro_bbb.MeanFieldGuide`.
         min_scale: :math:`\sigma_{\min}`, the floor of the diagonal std.
         name: Prefix in Pyro's param store (default: the class name).
@@ -118,7 +120,7 @@ class LowRankGuide(GaussianGuide):
         *,
         rank: int = 1,
         blocks: Literal["layer", "network"] = "layer",
-        init_scale: float = 0.05,
+        init_scale: float | MOPED = 0.05,
         init_loc: InitLoc = None,
         min_scale: float = 1e-6,
         name: str | None = None,
@@ -131,9 +133,14 @@ class LowRankGuide(GaussianGuide):
             )
         self.rank = check_int("rank", rank)
         self.blocks = check_choice("blocks", blocks, ("layer", "network"))
-        self.init_scale = float(init_scale)
         self.min_scale = float(min_scale)
-        self.init_rho = check_init_scale(init_scale * math.sqrt(0.75), min_scale)
+        self._diag_fraction = math.sqrt(0.75)
+        if isinstance(init_scale, MOPED):
+            init_scale.rho(torch.zeros(()), min_scale, self._diag_fraction)  # checks its floor
+            self.init_scale, self.init_rho = init_scale, None
+        else:
+            self.init_scale = float(init_scale)
+            self.init_rho = check_init_scale(init_scale * self._diag_fraction, min_scale)
         super().__init__(model, init_loc=init_loc, name=name, create_plates=create_plates)
 
     # -- set-up
@@ -160,11 +167,17 @@ class LowRankGuide(GaussianGuide):
             block = _Block(key, f"_{self._pyro_name}.{key}", tuple(slices))
             self._blocks.append(block)
             loc = torch.cat([locs[s].reshape(*members, -1) for s in names], -1)
-            factor_scale = 0.5 * self.init_scale / math.sqrt(self.rank)
-            factor = torch.randn(*members, start, self.rank, dtype=loc.dtype).to(loc)
-            factor = factor_scale * factor
+            if self.init_rho is None:  # MOPED: a scale per weight
+                scale = self.init_scale.scales(loc)
+                rho = self.init_scale.rho(loc, self.min_scale, self._diag_fraction)
+            else:
+                scale = torch.full_like(loc, self.init_scale)
+                rho = torch.full_like(loc, self.init_rho)
+            factor_scale = 0.5 * scale[..., None] / math.sqrt(self.rank)
+            noise = torch.randn(*members, start, self.rank, dtype=loc.dtype).to(loc)
+            factor = factor_scale * noise
             set_param(self.locs, key, loc, site=key)
-            set_param(self.rhos, key, torch.full_like(loc, self.init_rho), site=key)
+            set_param(self.rhos, key, rho, site=key)
             set_param(self.factors, key, factor, site=key)
 
     # -- the distribution of a block

@@ -21,6 +21,7 @@ from ._base import GaussianGuide
 from ._init import InitLoc, check_init_scale
 from ._params import ParamRef as _ParamRef
 from ._params import set_param
+from .moped import MOPED
 
 __all__ = ["MeanFieldGuide"]
 
@@ -40,7 +41,9 @@ class MeanFieldGuide(GaussianGuide):
     Args:
         model: The Pyro model, e.g. a :class:`~pyro_bbb.BNN`.
         init_scale: :math:`\sigma` at initialisation (weight units); ρ is set from it.
-            Blundell et al. (2015) and the tutorials that follow them use 0.01–0.1.
+            Blundell et al. (2015) and the tutorials that follow them use 0.01–0.1. Or
+            :class:`~pyro_bbb.infer.guides.moped.MOPED`, a scale per weight proportional to
+            its initial mean's magnitude, for a guide that starts at a trained network.
         init_loc: Initial means: ``None`` for the network's own initialisation (pretrained
             weights if it was built from a trained module), a pretrained ``nn.Module`` with
             the same parameter names, or ``{site: tensor}``.
@@ -59,14 +62,18 @@ class MeanFieldGuide(GaussianGuide):
         self,
         model: Callable[..., Any],
         *,
-        init_scale: float = 0.05,
+        init_scale: float | MOPED = 0.05,
         init_loc: InitLoc = None,
         min_scale: float = 1e-6,
         name: str | None = None,
         create_plates: Callable[..., Any] | None = None,
     ) -> None:
-        self.init_rho = check_init_scale(init_scale, min_scale)
-        self.init_scale = float(init_scale)
+        if isinstance(init_scale, MOPED):
+            init_scale.rho(torch.zeros(()), min_scale)  # checks its floor now
+            self.init_rho, self.init_scale = None, init_scale
+        else:
+            self.init_rho = check_init_scale(init_scale, min_scale)
+            self.init_scale = float(init_scale)
         self.min_scale = float(min_scale)
         super().__init__(model, init_loc=init_loc, name=name, create_plates=create_plates)
 
@@ -76,7 +83,11 @@ class MeanFieldGuide(GaussianGuide):
         self.rhos = PyroModule()
         for name, loc in locs.items():
             set_param(self.locs, name, loc, site=name)
-            set_param(self.rhos, name, torch.full_like(loc, self.init_rho), site=name)
+            if self.init_rho is None:
+                rho = self.init_scale.rho(loc, self.min_scale)
+            else:
+                rho = torch.full_like(loc, self.init_rho)
+            set_param(self.rhos, name, rho, site=name)
         self._params = {
             name: (_ParamRef(self.locs, name), _ParamRef(self.rhos, name)) for name in locs
         }

@@ -83,7 +83,7 @@ def export_potential(
             layer.prior_distribution(param), dtype=dtype, what=f"the prior of {site.name!r}"
         )
     likelihood = log_likelihood(model.likelihood, y, dtype=dtype)
-    inputs = constant(x, dtype)
+    inputs = constant(x, dtype) if x.is_floating_point() else x.cpu().numpy()  # token ids
     fixed_scale = None if noise_value is None else constant(noise_value, dtype)
     noise = next((site for site in sites if site.prior is not None), None)
     if noise is not None:

@@ -2,8 +2,9 @@
 
 :func:`export_network` traces the network once with :mod:`torch.fx` (Bayesian layers and
 the known ``torch.nn`` modules are leaves of the trace), and maps every node of the graph to
-a JAX function: the Bayesian layers' affine maps (Linear, Conv2d) here, everything else
-(activations, flattening, pooling, dropout and normalisation in evaluation mode) by
+a JAX function: the Bayesian layers' affine maps (Linear, ConvNd, ConvTransposeNd) here,
+everything else (activations, flattening, pooling, dropout, embeddings, and normalisation in
+evaluation mode, with Bayesian parameters or not) by
 :mod:`~pyro_bbb.infer.mcmc.export_ops`. Weights that are sample sites come from a dictionary
 by site name; everything else (deterministic parameters, buffers, hyperparameters) is read
 once and becomes a constant. Anything unknown raises :class:`NotImplementedError` naming the
@@ -21,13 +22,14 @@ import torch
 import torch.fx
 from torch import nn
 
-from ...nn import BayesianAffine, Conv2dMap, LinearMap
-from ._jax import jax
+from ...nn import BayesianAffine, BayesianLayer, BayesianModule, ConvMap, LinearMap
+from ._jax import jax, jnp
 from .export_ops import (
     FUNCTIONS,
     METHODS,
     constant,
     module_function,
+    parametrised_function,
     tensor_attribute,
     unsupported,
 )
@@ -36,10 +38,13 @@ from .potential import module_class_name
 __all__ = ["ExportedNetwork", "export_network"]
 
 
-def _affine_layer(layer: BayesianAffine, dtype: np.dtype) -> tuple[Callable, dict[str, str]]:
-    """The layer's map over ``(params, x)``, and ``{site name: "weight" | "bias"}``."""
+def _layer_operands(layer: BayesianLayer, names: tuple[str, ...], dtype: np.dtype):
+    """``(operands(params) -> {param: value}, {site name: param})`` of a layer's parameters.
+
+    Sampled parameters come from ``params`` by site name; deterministic ones are constants.
+    """
     sites, constants = {}, {}
-    for name in ("weight", "bias"):
+    for name in names:
         if name in layer.priors:
             sites[layer._pyro_get_fullname(name)] = name
         elif layer._parameters.get(name) is not None:
@@ -47,42 +52,94 @@ def _affine_layer(layer: BayesianAffine, dtype: np.dtype) -> tuple[Callable, dic
         else:
             constants[name] = None
     by_param = {param: site for site, param in sites.items()}
-    affine = layer.affine
 
     def operands(params):
-        return tuple(
-            params[by_param[name]] if name in by_param else constants[name]
-            for name in ("weight", "bias")
-        )
+        return {name: params[by_param[name]] if name in by_param else constants[name]
+                for name in names}  # fmt: skip
 
+    return operands, sites
+
+
+_CONV_LAYOUT = {1: ("NCH", "OIH", "NCH"), 2: ("NCHW", "OIHW", "NCHW"),
+                3: ("NCDHW", "OIDHW", "NCDHW")}  # fmt: skip
+
+
+def _conv(affine: ConvMap) -> Callable:
+    """``conv(x, weight)`` in JAX with torch's semantics, for a ConvNd or ConvTransposeNd."""
+    dims, dilation = affine.dims, affine.dilation
+
+    def conv(x, weight):
+        kernel = weight.shape[2:]
+        extent = [dilation[i] * (kernel[i] - 1) for i in range(dims)]
+        if affine.transposed:
+            # torch's transposed convolution is the gradient of a convolution: dilate the
+            # input by the stride, pad by the kernel's extent, and convolve with the kernel
+            # flipped and its in/out axes swapped within each group.
+            groups = affine.groups
+            w = weight.reshape(groups, -1, *weight.shape[1:]).swapaxes(1, 2)
+            w = jnp.flip(w.reshape(-1, w.shape[2], *kernel), axis=tuple(range(2, 2 + dims)))
+            extra = affine.output_padding or (0,) * dims
+            pads = [
+                (e - p, e - p + o) for e, p, o in zip(extent, affine.padding, extra, strict=True)
+            ]
+            return jax.lax.conv_general_dilated(
+                x, w, (1,) * dims, pads, lhs_dilation=affine.stride, rhs_dilation=dilation,
+                dimension_numbers=_CONV_LAYOUT[dims], feature_group_count=groups,
+                precision=jax.lax.Precision.HIGHEST,
+            )  # fmt: skip
+        padding = affine.padding
+        if padding == "same":  # torch pads the extra unit on the right
+            pads = [(e // 2, e - e // 2) for e in extent]
+        elif padding == "valid":
+            pads = [(0, 0)] * dims
+        else:
+            pads = [(p, p) for p in padding]
+        return jax.lax.conv_general_dilated(
+            x, weight, affine.stride, pads, rhs_dilation=dilation,
+            dimension_numbers=_CONV_LAYOUT[dims], feature_group_count=affine.groups,
+            precision=jax.lax.Precision.HIGHEST,
+        )  # fmt: skip
+
+    return conv
+
+
+def _affine_layer(layer: BayesianAffine, dtype: np.dtype) -> tuple[Callable, dict[str, str]]:
+    """The layer's map over ``(params, x)``, and ``{site name: "weight" | "bias"}``."""
+    operands, sites = _layer_operands(layer, ("weight", "bias"), dtype)
+    affine = layer.affine
     if isinstance(affine, LinearMap):
 
         def linear(params, x):
-            weight, bias = operands(params)
-            out = x @ weight.T
-            return out if bias is None else out + bias
+            values = operands(params)
+            out = x @ values["weight"].T
+            return out if values["bias"] is None else out + values["bias"]
 
         return linear, sites
-    if isinstance(affine, Conv2dMap):
-        padding = affine.padding
+    if isinstance(affine, ConvMap):
+        conv = _conv(affine)
 
-        def conv(params, x):
-            weight, bias = operands(params)
-            pads = padding
-            if isinstance(padding, str):  # torch's "same" pads the extra unit on the right
-                sizes = [affine.dilation[i] * (weight.shape[2 + i] - 1) for i in range(2)]
-                pads = [(s // 2, s - s // 2) for s in sizes] if padding == "same" else [(0, 0)] * 2
-            else:
-                pads = [(p, p) for p in pads]
-            out = jax.lax.conv_general_dilated(
-                x, weight, affine.stride, pads, rhs_dilation=affine.dilation,
-                dimension_numbers=("NCHW", "OIHW", "NCHW"), feature_group_count=affine.groups,
-                precision=jax.lax.Precision.HIGHEST,
-            )  # fmt: skip
-            return out if bias is None else out + bias.reshape(-1, 1, 1)
+        def convolution(params, x):
+            values = operands(params)
+            out = conv(x, values["weight"])
+            bias = values["bias"]
+            return out if bias is None else out + bias.reshape(-1, *(1,) * affine.dims)
 
-        return conv, sites
+        return convolution, sites
     raise unsupported(f"a Bayesian layer with the map {affine!r}")
+
+
+def _module_layer(
+    layer: BayesianModule, name: str, dtype: np.dtype
+) -> tuple[Callable, dict[str, str]]:
+    """A wrapped module's map over ``(params, x)``, and ``{site name: parameter name}``."""
+    module = layer.module
+    fn = parametrised_function(module, dtype)
+    if fn is None:
+        raise unsupported(
+            f"module {name!r} ({layer.wrapped_type.__name__}) with Bayesian parameters"
+        )
+    operands, sites = _layer_operands(layer, layer.parameter_names, dtype)
+    return (lambda params, x: fn(operands(params), x)), sites
 
 
 def _is_torch_module(module: nn.Module) -> bool:
@@ -96,7 +153,7 @@ class _Tracer(torch.fx.Tracer):
     """Keeps Bayesian layers and ``torch.nn`` modules as leaves; traces through the rest."""
 
     def is_leaf_module(self, module: nn.Module, qualified_name: str) -> bool:
-        return isinstance(module, BayesianAffine) or _is_torch_module(module)
+        return isinstance(module, BayesianLayer) or _is_torch_module(module)
 
 
 class ExportedNetwork:
@@ -173,8 +230,11 @@ def _step(net: nn.Module, node: torch.fx.Node, sites: dict, dtype: np.dtype) -> 
         return lambda env, params, x: value
     if node.op == "call_module":
         module = net.get_submodule(node.target)
-        if isinstance(module, BayesianAffine):
-            fn, layer_sites = _affine_layer(module, dtype)
+        if isinstance(module, BayesianLayer):
+            if isinstance(module, BayesianAffine):
+                fn, layer_sites = _affine_layer(module, dtype)
+            else:
+                fn, layer_sites = _module_layer(module, node.target, dtype)
             sites.update({site: (node.target, p) for site, p in layer_sites.items()})
 
             def layer(env, params, x):

@@ -3,8 +3,9 @@
 This module holds the translations :mod:`~pyro_bbb.infer.mcmc.export_network` applies to the
 nodes of a traced forward pass: the elementwise activations (torch's argument order and
 defaults, torch's formulas), flattening and reshaping, 2-D pooling, dropout and normalisation
-in evaluation mode, as modules (:func:`module_function`), functions (:data:`FUNCTIONS`) and
-tensor methods (:data:`METHODS`); and :func:`unsupported`, the one error every refusal of the
+in evaluation mode, embeddings, as modules (:func:`module_function`; with Bayesian parameters
+:func:`parametrised_function`), functions (:data:`FUNCTIONS`) and tensor methods
+(:data:`METHODS`); and :func:`unsupported`, the one error every refusal of the
 export raises. The Bayesian layers themselves, and the graph, are the network export's.
 """
 
@@ -22,7 +23,15 @@ from torch import nn
 
 from ._jax import jax, jnp
 
-__all__ = ["FUNCTIONS", "METHODS", "constant", "module_function", "tensor_attribute", "unsupported"]
+__all__ = [
+    "FUNCTIONS",
+    "METHODS",
+    "constant",
+    "module_function",
+    "parametrised_function",
+    "tensor_attribute",
+    "unsupported",
+]
 
 #: The sentence every refusal ends with.
 _FALLBACK = "backend='pyro' samples any model"
@@ -214,15 +223,15 @@ def _adaptive_pool2d(pool: nn.Module, reduce: str) -> Callable:
 
 
 def _normalization(module: nn.Module, dtype: np.dtype) -> Callable:
-    affine = [getattr(module, n, None) for n in ("weight", "bias")]
-    weight, bias = (None if p is None else constant(p, dtype) for p in affine)
+    """``fn(params, x)``: batch or layer normalisation, ``params`` holding weight and bias."""
     eps = module.eps
     if isinstance(module, nn.modules.batchnorm._BatchNorm):
         if module.running_mean is None:
             raise unsupported(f"{module!r} without running statistics (track_running_stats)")
         mean, var = constant(module.running_mean, dtype), constant(module.running_var, dtype)
 
-        def batch_norm(x):
+        def batch_norm(params, x):
+            weight, bias = params.get("weight"), params.get("bias")
             view = (-1,) + (1,) * (x.ndim - 2)
             out = (x - mean.reshape(view)) / jnp.sqrt(var.reshape(view) + eps)
             if weight is not None:
@@ -232,7 +241,8 @@ def _normalization(module: nn.Module, dtype: np.dtype) -> Callable:
         return batch_norm
     axes = tuple(range(-len(module.normalized_shape), 0))
 
-    def layer_norm(x):
+    def layer_norm(params, x):
+        weight, bias = params.get("weight"), params.get("bias")
         centred = x - x.mean(axes, keepdims=True)
         out = centred / jnp.sqrt((centred**2).mean(axes, keepdims=True) + eps)
         if weight is not None:
@@ -240,6 +250,33 @@ def _normalization(module: nn.Module, dtype: np.dtype) -> Callable:
         return out if bias is None else out + bias
 
     return layer_norm
+
+
+def _embedding(module: nn.Module, dtype: np.dtype) -> Callable:
+    """``fn(params, ids)``: the rows of the weight at integer ids."""
+    if module.max_norm is not None:
+        raise unsupported(f"{module!r} with max_norm (it renormalises its weight in place)")
+
+    def embedding(params, ids):
+        return jnp.take(params["weight"], ids, axis=0)
+
+    return embedding
+
+
+def parametrised_function(module: nn.Module, dtype: np.dtype) -> Callable | None:
+    """A JAX function ``fn(params, x)`` of a module with parameters, ``None`` if unknown.
+
+    ``params`` maps the module's parameter names to values (sampled or constant): the
+    normalisation layers (batch normalisation in evaluation mode) and ``nn.Embedding``.
+
+    Raises:
+        NotImplementedError: For a known module with options the export does not cover.
+    """
+    if isinstance(module, (nn.modules.batchnorm._BatchNorm, nn.LayerNorm)):
+        return _normalization(module, dtype)
+    if isinstance(module, nn.Embedding) and type(module).forward is nn.Embedding.forward:
+        return _embedding(module, dtype)
+    return None
 
 
 def module_function(module: nn.Module, name: str, dtype: np.dtype) -> Callable | None:
@@ -272,8 +309,10 @@ def module_function(module: nn.Module, name: str, dtype: np.dtype) -> Callable |
             return _avg_pool2d(module)
         if cls in (nn.AdaptiveMaxPool2d, nn.AdaptiveAvgPool2d):
             return _adaptive_pool2d(module, "max" if cls is nn.AdaptiveMaxPool2d else "avg")
-        if cls in (nn.modules.batchnorm._BatchNorm, nn.LayerNorm):
-            return _normalization(module, dtype)
+        if cls in (nn.modules.batchnorm._BatchNorm, nn.LayerNorm, nn.Embedding):
+            fn = parametrised_function(module, dtype)
+            values = {n: constant(p, dtype) for n, p in module.named_parameters(recurse=False)}
+            return functools.partial(fn, values)
     return None
 
 

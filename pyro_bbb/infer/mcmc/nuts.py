@@ -118,8 +118,9 @@ def run_nuts(
     vectorised, in float64 by default: a BNN posterior is stiff (step sizes of 1e-3 and
     trajectories of a thousand steps), and float32 round-off in the energy over such a
     trajectory is large enough to bias the acceptance test. The export knows the networks
-    :func:`~pyro_bbb.nn.mlp` builds, :func:`~pyro_bbb.nn.bayesianize`\ d Linear and Conv2d
-    with elementwise activations, flattening, pooling (in a ``Sequential`` or any forward
+    :func:`~pyro_bbb.nn.mlp` builds, :func:`~pyro_bbb.nn.bayesianize`\ d Linear, ConvNd and
+    ConvTransposeNd with elementwise activations, flattening, pooling, embeddings and
+    normalisation layers (in a ``Sequential`` or any forward
     ``torch.fx`` traces), the priors of :mod:`pyro_bbb.priors` and the likelihoods of
     :mod:`pyro_bbb.likelihoods`; anything else raises before any sampling. A float32 or
     CUDA model is exported in the chosen precision on the CPU; its draws come back in the

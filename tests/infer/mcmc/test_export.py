@@ -194,13 +194,72 @@ class Residual(nn.Module):
 
 def test_a_traced_custom_forward_with_deterministic_parameters_exports_exactly():
     x, y = regression_data(features=3, outputs=2)
-    net = bbb.bayesianize(Residual(), deterministic=["out.bias"])
+    net = bbb.bayesianize(Residual(), deterministic=["out.bias", "gain"])
     model = bnn(net, bbb.likelihoods.Gaussian(scale=0.5), len(x), name="b")
     assert_potentials_agree(model, x, y)
     sites, *_ = flat_layout(model, x, y, None)
     assert [s.name for s in sites] == [
         "b.inp.weight", "b.inp.bias", "b.hidden.weight", "b.hidden.bias", "b.out.weight"
     ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("layers", "shape"),
+    [
+        ([nn.Conv1d(2, 4, 3, stride=2, padding=1, dilation=2), nn.Tanh(), nn.Flatten(),
+          nn.Linear(16, 3)], (2, 9)),
+        ([nn.Conv1d(2, 4, 3, groups=2, padding="same"), nn.ReLU(), nn.Flatten(),
+          nn.Linear(36, 3)], (2, 9)),
+        ([nn.Conv3d(2, 3, 2, padding=(1, 0, 1)), nn.SiLU(), nn.Flatten(), nn.Linear(150, 3)],
+         (2, 4, 3, 4)),
+        ([nn.ConvTranspose1d(2, 4, 3, stride=2, padding=1, output_padding=1, groups=2),
+          nn.Tanh(), nn.Flatten(), nn.Linear(72, 3)], (2, 9)),
+        ([nn.ConvTranspose2d(2, 3, (2, 3), stride=(2, 1), dilation=(1, 2), bias=False),
+          nn.ELU(), nn.Flatten(), nn.Linear(3 * 6 * 7, 3)], (2, 3, 3)),
+        ([nn.ConvTranspose3d(2, 2, 2, stride=2, padding=(0, 1, 0)), nn.Tanh(), nn.Flatten(),
+          nn.Linear(2 * 4 * 2 * 4, 3)], (2, 2, 2, 2)),
+    ],
+    ids=["conv1d_strided_dilated", "conv1d_grouped_same", "conv3d", "conv_transpose1d_groups",
+         "conv_transpose2d_dilated", "conv_transpose3d"],
+)  # fmt: skip
+def test_every_convolution_and_its_transpose_exports_exactly(layers, shape):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(5, *shape, generator=g, dtype=torch.float64)
+    y = torch.randint(0, 3, (5,), generator=g)
+    net = bbb.bayesianize(nn.Sequential(*layers), Gaussian(1.0))
+    assert isinstance(net[0], bbb.BayesianAffine)
+    assert_potentials_agree(bnn(net, bbb.likelihoods.Categorical(), len(x)), x, y, spread=0.3)
+
+
+def test_bayesian_layer_norm_batch_norm_and_embedding_export_exactly():
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, 7, (6, 3), generator=g)
+    y = torch.randint(0, 3, (6,), generator=g)
+    net = bbb.bayesianize(
+        nn.Sequential(
+            nn.Embedding(7, 4), nn.Flatten(), nn.LayerNorm(12), nn.Linear(12, 5),
+            nn.BatchNorm1d(5), nn.Tanh(), nn.Linear(5, 3),
+        ),
+        ScaleMixture(0.5, 1.0, 0.3),
+    )  # fmt: skip
+    net[4].module.running_mean.uniform_(-0.5, 0.5)
+    net[4].module.running_var.uniform_(0.5, 2.0)
+    model = bnn(net, bbb.likelihoods.Categorical(), len(ids))
+    model.eval()
+    assert_potentials_agree(model, ids, y, spread=0.3)
+    sites, *_ = flat_layout(model, ids, y, None)
+    assert [s.name for s in sites][:3] == ["0.weight", "2.weight", "2.bias"]
+
+
+def test_a_deterministic_embedding_exports_with_integer_inputs():
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, 7, (6, 2), generator=g)
+    y = torch.randn(6, 1, generator=g, dtype=torch.float64)
+    net = bbb.bayesianize(
+        nn.Sequential(nn.Embedding(7, 3), nn.Flatten(), nn.Linear(6, 1)), only="2.*"
+    )
+    y = y.squeeze(-1)
+    assert_potentials_agree(bnn(net, bbb.likelihoods.Gaussian(scale=0.5), len(ids)), ids, y)
 
 
 def test_a_float32_model_exports_its_float64_potential():

@@ -1,0 +1,506 @@
+r"""The annealed ELBO of a :class:`~pyro_bbb.BNN` under this package's guides, without traces.
+
+:meth:`AnnealedELBO.terms <pyro_bbb.infer.elbo.AnnealedELBO.terms>` traces the guide, replays
+the model on the trace and reads every term off the two traces. That is what makes it work
+for any model, guide and handler, and on a small network it costs more than the arithmetic:
+every ``pyro.param`` and ``pyro.sample`` statement goes through Pyro's handler stack, is
+copied into a trace and looked up again.
+
+For the case this package builds, a :class:`~pyro_bbb.BNN` whose Bayesian parameters all sit
+in :class:`~pyro_bbb.nn.layers.BayesianAffine` layers, trained with
+:class:`~pyro_bbb.MeanFieldGuide` or :class:`~pyro_bbb.LowRankGuide`, :class:`FusedELBO`
+computes the same :class:`~pyro_bbb.infer.elbo.ELBOTerms` directly:
+
+* the guide's noise is drawn in the guide's order and shapes, so the same random state
+  gives the same weights (and a checkpointed fit resumes onto the same stream);
+* the weights reach the network through its ``PyroModule`` context, the cache a
+  ``PyroSample`` reads before it would issue a ``pyro.sample`` statement, so the network's
+  own ``forward`` runs;
+* local reparameterisation and flipout apply the same arithmetic as their handlers
+  (:func:`~pyro_bbb.infer.reparam.local_affine`, :func:`~pyro_bbb.infer.reparam.flipout_affine`);
+* every KL term is the one the traced ELBO takes: closed form where it has one (a Gaussian
+  prior, :mod:`~pyro_bbb.infer.kl`), :math:`\log q(w) - \log p(w)` otherwise (the scale
+  mixture), β times the sum, the likelihood scaled by :math:`N/B`.
+
+:func:`fused_elbo` returns ``None`` for anything else (another model or guide, Pyro's
+autoguides, a network with sample sites outside Bayesian layers, a prior tied to other
+sites, module-local parameters), and the traced path stays the one for those. ``fit`` also
+compares the sites of one traced evaluation with the fused one before using it (a network
+whose ``forward`` issues sample statements of its own is then declined). Tests in
+``tests/infer/test_fused.py`` check loss and every gradient against the traced path for
+each prior, likelihood, estimator and guide.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from contextlib import nullcontext
+from dataclasses import dataclass
+
+import pyro.distributions as dist
+import torch
+import torch.nn.functional as F
+from pyro.nn.module import _is_module_local_param_enabled
+from pyro.poutine.messenger import Messenger
+from pyro.poutine.runtime import Message
+
+from ..likelihoods import Bernoulli, Categorical, Gaussian
+from ..model import BNN
+from ..nn.affine import AffineMap
+from ..nn.layers import BayesianAffine
+from .elbo import AnnealedELBO, ELBOTerms
+from .guides import LowRankGuide, MeanFieldGuide
+from .guides._params import ParamRef
+from .kl import kl_to_scalar_normal, scalar_normal_parameters
+from .reparam import Split, flipout_affine, local_affine
+
+__all__ = ["FusedELBO", "fused_elbo"]
+
+_AffineOp = Callable[[AffineMap, torch.Tensor, Split, Split | None], torch.Tensor]
+_OPS: dict[str | None, _AffineOp | None] = {
+    None: None,
+    "local": local_affine,
+    "flipout": flipout_affine,
+}
+_LIKELIHOODS = (Gaussian, Categorical, Bernoulli)
+
+
+@dataclass(frozen=True)
+class _Site:
+    """A Bayesian parameter of the network: its layer, and its place in the guide."""
+
+    name: str
+    layer: BayesianAffine
+    param: str  # "weight" or "bias"
+    shape: torch.Size
+
+    @property
+    def event_dims(self) -> int:
+        return len(self.shape)
+
+    def prior(self) -> dist.TorchDistribution:
+        return self.layer.prior_distribution(self.param)
+
+
+def _network_sites(model: BNN) -> dict[str, _Site] | None:
+    """The Bayesian parameters of the model's network by site name, or ``None``.
+
+    ``None`` when a module other than a ``BayesianAffine`` has sample sites, or a prior is
+    tied to other sites (a block from ``from_guide``): the traced path handles those.
+    """
+    sites = {}
+    for module in model.net.modules():
+        samples = module.__dict__.get("_pyro_samples", {})
+        if not isinstance(module, BayesianAffine):
+            if samples:
+                return None
+            continue
+        if set(samples) != set(module.priors):
+            return None
+        names = module._site_names()
+        for param, prior in module.priors.items():
+            if getattr(prior, "joint_sites", ()):
+                return None
+            shape = module.parameter_shape(param)
+            sites[names[param]] = _Site(names[param], module, param, shape)
+    return sites
+
+
+def fused_elbo(
+    model: Callable, guide: Callable, elbo: AnnealedELBO, reparam: str | None
+) -> FusedELBO | None:
+    """A :class:`FusedELBO` for this model, guide and estimator, or ``None`` if not ours.
+
+    Args:
+        model: The model.
+        guide: The guide, already set up (called once).
+        elbo: The ELBO whose ``beta``, ``num_particles`` and ``analytic_kl`` are followed.
+        reparam: The estimator: ``None``, ``"local"`` or ``"flipout"``.
+
+    Returns:
+        The fused evaluation, or ``None`` when the model, guide or estimator is not one it
+        reproduces (the traced :class:`~pyro_bbb.infer.elbo.AnnealedELBO` is then the path).
+    """
+    if (
+        type(model).forward is not BNN.forward
+        or type(guide) not in (MeanFieldGuide, LowRankGuide)
+        or guide.prototype_trace is None
+        or guide.model is not model
+        or type(model.likelihood) not in _LIKELIHOODS
+        or type(elbo) is not AnnealedELBO
+        or reparam not in _OPS
+        or _is_module_local_param_enabled()
+    ):
+        return None
+    sites = _network_sites(model)
+    if sites is None:
+        return None
+    guide_sites = (
+        list(guide._event_dims)
+        if isinstance(guide, MeanFieldGuide)
+        else [piece.site for block in guide._blocks for piece in block.slices]
+    )
+    if sorted(guide_sites) != sorted(sites):
+        return None
+    if isinstance(guide, MeanFieldGuide):
+        draws: _Draws = _MeanFieldDraws(guide, sites, elbo)
+    else:
+        draws = _LowRankDraws(guide, sites, elbo)
+        if not draws.supported():
+            return None
+    draws.splits = {None: None, "local": "variance", "flipout": "value"}[reparam]
+    return FusedELBO(model, elbo, draws, _OPS[reparam])
+
+
+class FusedELBO:
+    """:meth:`AnnealedELBO.terms` of a ``BNN`` under one of our guides, computed directly.
+
+    Built by :func:`fused_elbo`; see the module's notes for what it computes and when.
+    """
+
+    def __init__(self, model: BNN, elbo: AnnealedELBO, draws: _Draws, op: _AffineOp | None):
+        self.model, self.elbo, self._draws, self._op = model, elbo, draws, op
+
+    def parameters(self) -> list[torch.Tensor]:
+        """The guide's parameter tensors this evaluation reads."""
+        return self._draws.parameters()
+
+    def covers(self, traced: ELBOTerms) -> bool:
+        """Whether a traced evaluation of the same step has exactly the sites this one has.
+
+        A network whose ``forward`` issues sample statements of its own has more.
+        """
+        return set(traced.sites) == {self.model.observation_site, *self._draws.term_names()}
+
+    def terms(self, x: torch.Tensor, y: torch.Tensor) -> ELBOTerms:
+        """Estimate the objective and its parts on a minibatch, as the traced ELBO would.
+
+        Args:
+            x: Features ``(batch, *features)``, already checked.
+            y: Targets ``(batch[, dim])``, already checked.
+
+        Returns:
+            :class:`~pyro_bbb.infer.elbo.ELBOTerms`; ``sites`` holds the same names as the
+            traced path's (the observation and every latent term).
+        """
+        model, particles = self.model, self.elbo.num_particles
+        sample = (particles, 1) if particles > 1 else ()
+        draw = self._draws.draw(sample)
+        context = model._pyro_context
+        with context:
+            for name, value in draw.values.items():
+                context.set(name, value)
+            layers = nullcontext() if self._op is None else _GivenSplits(self._op, draw.splits)
+            with layers:
+                output = model.net(x)
+                fn = model.likelihood(output)
+        batch = x.shape[0]
+        log_lik = fn.log_prob(model.likelihood.as_observation(y, output))
+        if batch != model.num_data:
+            log_lik = log_lik * (model.num_data / batch)
+        log_lik = log_lik.sum()
+        sites = {model.observation_site: log_lik, **draw.kl_terms}
+        nll = -log_lik
+        closed, sampled = draw.closed_kl, draw.sampled_kl
+        if particles > 1:
+            nll = nll / particles
+            sampled = None if sampled is None else sampled / particles
+        kl = _add(closed, sampled)
+        if kl is None:
+            kl = torch.zeros((), dtype=nll.dtype, device=nll.device)
+        beta = self.elbo.beta
+        return ELBOTerms(nll + beta * kl, nll, kl, beta, sites)
+
+
+def _add(a: torch.Tensor | None, b: torch.Tensor | None) -> torch.Tensor | None:
+    if a is None:
+        return b
+    return a if b is None else a + b
+
+
+def _total(terms: list[torch.Tensor]) -> torch.Tensor | None:
+    """The sum of scalar terms; by additions, whose backward passes the gradient through."""
+    total = None
+    for term in terms:
+        total = term if total is None else total + term
+    return total
+
+
+class _GivenSplits(Messenger):
+    """Applies an estimator to every Bayesian layer, from splits made by the fused step."""
+
+    def __init__(self, op: _AffineOp, splits: dict[str, Split]) -> None:
+        super().__init__()
+        self._op, self._splits = op, splits
+
+    def _pyro_bayesian_affine(self, msg: Message) -> None:
+        x, weight, bias = msg["args"]
+        kwargs = msg["kwargs"]
+        w = self._split(kwargs["weight_site"], weight)
+        b = None if bias is None else self._split(kwargs["bias_site"], bias)
+        msg["value"] = self._op(kwargs["affine"], x, w, b)
+        msg["done"] = True
+
+    def _split(self, site: str | None, value: torch.Tensor) -> Split:
+        split = self._splits.get(site) if site is not None else None
+        return Split(value, None, None) if split is None else split
+
+
+@dataclass
+class _Draw:
+    """One draw of the guide: the weights, the estimators' splits and the KL terms."""
+
+    values: dict[str, torch.Tensor]
+    splits: dict[str, Split]
+    kl_terms: dict[str, torch.Tensor]  # by the traced path's site names
+    closed_kl: torch.Tensor | None  # closed-form terms: once, whatever the particles
+    sampled_kl: torch.Tensor | None  # Monte Carlo terms: summed over particles
+
+
+class _Draws:
+    """A guide's draws and KL terms, as its traced evaluation makes them."""
+
+    #: What the estimator needs of each weight: nothing (``None``), the drawn value and its
+    #: batch-shared part (``"value"``, flipout) or also its variance (``"variance"``, local).
+    splits: str | None = None
+
+    def draw(self, sample: tuple[int, ...]) -> _Draw:
+        raise NotImplementedError
+
+    def parameters(self) -> list[torch.Tensor]:
+        raise NotImplementedError
+
+    def term_names(self) -> Iterable[str]:
+        raise NotImplementedError
+
+
+def _scale(rho: torch.Tensor, min_scale: float) -> torch.Tensor:
+    r"""The guides' :math:`\sigma = \text{softplus}(\rho) + \sigma_{\min}`."""
+    return F.softplus(rho) + min_scale
+
+
+def _standard_normal(shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
+    """Standard normal noise drawn as ``torch.distributions.Normal.rsample`` draws it."""
+    return torch.empty(shape, dtype=like.dtype, device=like.device).normal_()
+
+
+def _is_normal(fn: object) -> bool:
+    while isinstance(fn, torch.distributions.Independent):
+        fn = fn.base_dist
+    return isinstance(fn, torch.distributions.Normal)
+
+
+def _closed_form(elbo: AnnealedELBO, q: dist.TorchDistribution, p) -> bool:
+    """Whether the traced ELBO takes this site's KL in closed form."""
+    with torch.no_grad():
+        return elbo._closed_form_kl(q, p) is not None
+
+
+class _MeanFieldDraws(_Draws):
+    r""":class:`~pyro_bbb.MeanFieldGuide`: :math:`w = \mu + \sigma\varepsilon` per site."""
+
+    def __init__(self, guide: MeanFieldGuide, sites: dict[str, _Site], elbo: AnnealedELBO):
+        self._guide, self._elbo = guide, elbo
+        # in the guide's order: that is the order its sites draw their noise in
+        self._sites = [sites[name] for name in guide._event_dims]
+        self._refs = [guide._params[site.name] for site in self._sites]
+        self._kinds: dict[str, tuple] = {}
+
+    def parameters(self) -> list[torch.Tensor]:
+        return [ref.module_value() for refs in self._refs for ref in refs]
+
+    def term_names(self) -> Iterable[str]:
+        return [site.name for site in self._sites]
+
+    def _kind(self, site: _Site, prior, loc, scale) -> tuple:
+        """How the traced ELBO takes this site's KL: ``("scalar", m, s)``, closed or sampled.
+
+        Kept while the layer hands out the same prior object (a cached prior).
+        """
+        kind = self._kinds.get(site.name)
+        if kind is not None and kind[0] is prior:
+            return kind[1]
+        constants = scalar_normal_parameters(prior) if self._elbo.analytic_kl else None
+        if constants is not None:
+            how = ("scalar", *constants)
+        else:
+            q = dist.Normal(loc, scale, validate_args=False).to_event(site.event_dims)
+            how = ("closed",) if _closed_form(self._elbo, q, prior) else ("sampled",)
+        if getattr(site.layer.priors[site.param], "cacheable", False):
+            self._kinds[site.name] = (prior, how)
+        return how
+
+    def draw(self, sample: tuple[int, ...]) -> _Draw:
+        parts = []
+        for site, (loc_ref, rho_ref) in zip(self._sites, self._refs, strict=True):
+            loc = loc_ref.module_value()
+            scale = _scale(rho_ref.module_value(), self._guide.min_scale)
+            prior = site.prior()
+            parts.append((site, loc, scale, prior, self._kind(site, prior, loc, scale)))
+        # Local reparameterisation uses the weights' means and variances only: unless a KL
+        # term is sampled, the weights are not drawn (the traced guide draws them unused).
+        skip = self.splits == "variance" and all(how[0] != "sampled" for *_, how in parts)
+        values, splits, kl_terms = {}, {}, {}
+        closed, sampled = [], []
+        for site, loc, scale, prior, how in parts:
+            if skip:
+                value = None
+                values[site.name] = loc  # what the layer is handed; the estimator replaces it
+            else:
+                value = torch.addcmul(loc, _standard_normal((*sample, *site.shape), loc), scale)
+                values[site.name] = value
+            if self.splits:
+                variance = scale.pow(2) if self.splits == "variance" else None
+                splits[site.name] = Split(loc, variance, value, sample[:1])
+            if how[0] == "scalar":
+                term = kl_to_scalar_normal(loc, scale, how[1], how[2], event_dims=site.event_dims)
+                closed.append(term)
+            else:
+                q = dist.Normal(loc, scale, validate_args=False).to_event(site.event_dims)
+                if how[0] == "closed":
+                    term = self._elbo._closed_form_kl(q, prior).sum()
+                    closed.append(term)
+                else:
+                    term = q.log_prob(value).sum() - prior.log_prob(value).sum()
+                    sampled.append(term)
+            kl_terms[site.name] = term
+        return _Draw(values, splits, kl_terms, _total(closed), _total(sampled))
+
+
+class _LowRankDraws(_Draws):
+    r""":class:`~pyro_bbb.LowRankGuide`: a block's draw, sliced into its sites.
+
+    :math:`\theta = \mu + V\varepsilon_2 + D^{1/2}\varepsilon_1` per block.
+    """
+
+    def __init__(self, guide: LowRankGuide, sites: dict[str, _Site], elbo: AnnealedELBO):
+        self._guide, self._elbo, self._sites = guide, elbo, sites
+        self._blocks = list(guide._blocks)
+        self._refs = [
+            (
+                ParamRef(guide.locs, block.name),
+                ParamRef(guide.rhos, block.name),
+                ParamRef(guide.factors, block.name),
+            )
+            for block in self._blocks
+        ]
+
+    def parameters(self) -> list[torch.Tensor]:
+        return [ref.module_value() for refs in self._refs for ref in refs]
+
+    def term_names(self) -> Iterable[str]:
+        names = []
+        closed = self._closed_form_priors()
+        for block in self._blocks:
+            names.append(block.aux_site)
+            if closed is None:
+                names += [piece.site for piece in block.slices]
+        return names
+
+    def _closed_form_priors(self) -> dict[str, tuple] | None:
+        """Each site's Gaussian prior ``(m, s)`` when the traced ELBO takes the KL in closed form.
+
+        The traced ELBO flattens the priors of a block into one diagonal Normal when every
+        one is a Normal (else it samples the KL); this path takes the common case, one number
+        ``(m, s)`` per site, and :func:`fused_elbo` declines per-weight Normal priors.
+        """
+        if not self._elbo.analytic_kl:
+            return None
+        constants = {}
+        for name, site in self._sites.items():
+            pair = scalar_normal_parameters(site.prior())
+            if pair is None:
+                return None
+            constants[name] = pair
+        return constants
+
+    def supported(self) -> bool:
+        """False when every prior is a Normal but one has per-weight parameters."""
+        if not self._elbo.analytic_kl or self._closed_form_priors() is not None:
+            return True
+        return not all(_is_normal(site.prior()) for site in self._sites.values())
+
+    def draw(self, sample: tuple[int, ...]) -> _Draw:
+        guide = self._guide
+        priors = self._closed_form_priors()
+        values, splits, kl_terms = {}, {}, {}
+        closed, sampled = [], []
+        for block, refs in zip(self._blocks, self._refs, strict=True):
+            loc, rho, factor = (ref.module_value() for ref in refs)
+            # V is (d, r); every product below runs along d, which is several times faster
+            # on the transposed copy (rows of length d) than on r-wide rows.
+            factor_t = factor.mT.contiguous()
+            scale = _scale(rho, guide.min_scale)
+            size = block.size
+            eps_diag = _standard_normal((*sample, size), loc)
+            eps_factor = _standard_normal((*sample, guide.rank), loc)
+            shared = loc + eps_factor @ factor_t
+            theta = torch.addcmul(shared, scale, eps_diag)
+            # one split, not a slice per site: its backward writes each gradient once
+            sizes = [piece.stop - piece.start for piece in block.slices]
+            pieces = theta.split(sizes, dim=-1)
+            if self.splits:
+                means = shared.split(sizes, dim=-1)
+                variances = scale.pow(2).split(sizes) if self.splits == "variance" else None
+            for k, piece in enumerate(block.slices):
+                value = pieces[k].reshape(*theta.shape[:-1], *piece.shape)
+                values[piece.site] = value
+                if self.splits:
+                    mean = means[k].reshape(*shared.shape[:-1], *piece.shape)
+                    variance = None if variances is None else variances[k].reshape(piece.shape)
+                    splits[piece.site] = Split(mean, variance, value, sample[:1])
+            if priors is not None:
+                term = self._closed_kl(block, loc, scale, factor, factor_t, priors)
+                kl_terms[block.aux_site] = term
+                closed.append(term)
+            else:
+                q = self._distribution(loc, scale, factor)
+                log_q = q.log_prob(theta).sum()
+                kl_terms[block.aux_site] = log_q
+                sampled.append(log_q)
+                for piece in block.slices:
+                    prior = self._sites[piece.site].prior()
+                    term = -prior.log_prob(values[piece.site]).sum()
+                    kl_terms[piece.site] = term
+                    sampled.append(term)
+        return _Draw(values, splits, kl_terms, _total(closed), _total(sampled))
+
+    def _distribution(self, loc, scale, factor) -> dist.TorchDistribution:
+        return dist.LowRankMultivariateNormal(loc, factor, scale.pow(2), validate_args=False)
+
+    def _closed_kl(self, block, loc, scale, factor, factor_t, priors) -> torch.Tensor:
+        r""":math:`\mathrm{KL}(\mathcal{N}(\mu, D + VV^\top) \| \prod_j \mathcal{N}(m_j, s_j^2))`.
+
+        .. math::
+
+            \tfrac12\Big[\sum_j \frac{\sum_{i \in j} D_i + \lVert V_i \rVert^2
+                + (\mu_i - m_j)^2}{s_j^2} + n_j \log s_j^2 - d
+                - \log\det(D + VV^\top)\Big]
+
+        site by site :math:`j` of the block, with :math:`\log\det(D + VV^\top) =
+        \sum_i \log D_i + \log\det(I_r + V^\top D^{-1} V)` (the matrix determinant lemma):
+        :math:`O(d r^2)`, no :math:`d \times d` matrix. ``factor`` is :math:`V`, ``(d, r)``,
+        and ``factor_t`` its transposed copy, ``(r, d)``.
+        """
+        whitened = factor_t * scale.reciprocal()  # V^T D^{-1/2}, (r, d)
+        capacitance = whitened @ whitened.mT
+        capacitance = capacitance + torch.eye(
+            capacitance.shape[-1], dtype=capacitance.dtype, device=capacitance.device
+        )
+        tril = torch.linalg.cholesky(capacitance)
+        log_det = 2 * scale.log().sum() + 2 * tril.diagonal().log().sum()
+        total = -block.size - log_det
+        pairs = [priors[piece.site] for piece in block.slices]
+        if all(pair is pairs[0] or pair == pairs[0] for pair in pairs):
+            groups = [((loc, scale, factor), pairs[0])]  # one prior: no slicing
+        else:
+            sizes = [piece.stop - piece.start for piece in block.slices]
+            parts = zip(loc.split(sizes), scale.split(sizes), factor.split(sizes), strict=True)
+            groups = list(zip(parts, pairs, strict=True))
+        for (mean, std, rows), (m, s) in groups:
+            deviation = mean if isinstance(m, float) and m == 0.0 else mean - m
+            spread = (std.square() + deviation.square()).sum() + rows.square().sum()
+            log_s = s.log() if isinstance(s, torch.Tensor) else math.log(s)
+            total = total + spread / (s * s) + mean.numel() * 2 * log_s
+        return 0.5 * total

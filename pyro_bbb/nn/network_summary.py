@@ -1,0 +1,170 @@
+"""What every parameter of a network became: :func:`summary`.
+
+This module holds :func:`summary`, which lists every parameter of a Bayesian network (or a
+model holding one) with whether it is a sample site or a point estimate, its shape, prior,
+gradient estimator and size, so that nothing stays deterministic unseen. It reads the
+network; it changes nothing and knows nothing of guides or training.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from .affine import ConvMap
+from .layers import FROZEN, BayesianAffine, BayesianLayer, user_class
+
+__all__ = ["NetworkSummary", "ParameterSummary", "summary"]
+
+#: What the estimator column says of a parameter drawn whole (no estimator intercepts it).
+WEIGHT_SAMPLING = "weight sampling"
+
+
+@dataclass(frozen=True)
+class ParameterSummary:
+    """One parameter of a network.
+
+    Attributes:
+        name: Its site or parameter name, ``"fc1.weight"``.
+        layer: The path of the module holding it, ``"fc1"`` (``""`` for the root).
+        module_type: The class name of that module (the wrapped one's for a Bayesian layer).
+        bayesian: Whether it is a sample site (``False``: a point estimate).
+        shape: Its shape.
+        prior: The prior's ``repr`` (``""`` for a point estimate).
+        estimator: ``"local"``, ``"flipout"`` or ``"weight sampling"`` for a site;
+            ``"point estimate"`` otherwise.
+        trainable: ``False`` for a point estimate with ``requires_grad=False`` (frozen).
+    """
+
+    name: str
+    layer: str
+    module_type: str
+    bayesian: bool
+    shape: tuple[int, ...]
+    prior: str
+    estimator: str
+    trainable: bool = True
+
+    @property
+    def count(self) -> int:
+        """Number of scalars."""
+        return int(torch.Size(self.shape).numel())
+
+
+@dataclass(frozen=True)
+class NetworkSummary:
+    """Every parameter of a network; ``str()`` gives a Markdown table with totals."""
+
+    parameters: tuple[ParameterSummary, ...]
+
+    @property
+    def bayesian(self) -> tuple[ParameterSummary, ...]:
+        """The sample sites."""
+        return tuple(p for p in self.parameters if p.bayesian)
+
+    @property
+    def deterministic(self) -> tuple[ParameterSummary, ...]:
+        """The point estimates."""
+        return tuple(p for p in self.parameters if not p.bayesian)
+
+    def estimators(self) -> dict[str, str]:
+        """``{layer path: estimator}`` of every layer with a sample site."""
+        return {p.layer: p.estimator for p in self.bayesian}
+
+    def __str__(self) -> str:
+        lines = [
+            "| parameter | layer | kind | shape | prior | estimator | count |",
+            "| --- | --- | --- | --- | --- | --- | ---: |",
+        ]
+        for p in self.parameters:
+            kind = "Bayesian" if p.bayesian else "point estimate"
+            kind += "" if p.trainable else " (frozen)"
+            shape = "×".join(map(str, p.shape)) or "scalar"
+            lines.append(
+                f"| {p.name} | {p.module_type} | {kind} | {shape} | {p.prior or '-'} | "
+                f"{p.estimator if p.bayesian else '-'} | {p.count:,} |"
+            )
+        b = sum(p.count for p in self.bayesian)
+        d = sum(p.count for p in self.deterministic)
+        lines.append("")
+        lines.append(
+            f"Bayesian: {b:,} scalars in {len(self.bayesian)} sites; point estimates: {d:,} "
+            f"scalars in {len(self.deterministic)} tensors"
+        )
+        return "\n".join(lines)
+
+
+def _join(prefix: str, name: str) -> str:
+    return f"{prefix}.{name}" if prefix and name else prefix or name
+
+
+def _type_name(module: nn.Module) -> str:
+    wrapped = getattr(module, "wrapped_type", None)
+    if wrapped is not None:
+        return wrapped.__name__
+    if isinstance(module, BayesianAffine):
+        affine = module.affine
+        if isinstance(affine, ConvMap):
+            return f"Conv{'Transpose' if affine.transposed else ''}{affine.dims}d"
+        return "Linear"
+    return user_class(module).__name__
+
+
+def _point_estimate(name: str, path: str, kind: str, value: torch.Tensor) -> ParameterSummary:
+    shape = tuple(value.shape)
+    return ParameterSummary(
+        name, path, kind, False, shape, "", "point estimate", value.requires_grad
+    )
+
+
+def _rows(module: nn.Module, path: str, reparam: str | None) -> Iterator[ParameterSummary]:
+    kind = _type_name(module)
+    if isinstance(module, BayesianLayer):
+        names = getattr(module, "parameter_names", ("weight", "bias"))
+        fast = isinstance(module, BayesianAffine) and reparam is not None
+        for name in names:
+            if name in module.priors:
+                prior = repr(module.priors[name])
+                if module.centre_priors:
+                    prior += " centred on the initial value"
+                estimator = reparam if fast else WEIGHT_SAMPLING
+                shape = tuple(module.parameter_shape(name))
+                yield ParameterSummary(_join(path, name), path, kind, True, shape, prior, estimator)
+            elif module._parameters.get(name) is not None:
+                yield _point_estimate(_join(path, name), path, kind, module._parameters[name])
+            elif name in module.__dict__.get(FROZEN, ()):
+                yield _point_estimate(_join(path, name), path, kind, module._buffers[name])
+    else:
+        for name, value in module.named_parameters(recurse=False):
+            yield _point_estimate(_join(path, name), path, kind, value)
+        for name in module.__dict__.get(FROZEN, ()):
+            yield _point_estimate(_join(path, name), path, kind, module._buffers[name])
+    unnamed = getattr(module, "unnamed_children", ())
+    for name, child in module.named_children():
+        yield from _rows(child, path if name in unnamed else _join(path, name), reparam)
+
+
+def summary(model: nn.Module, *, reparam: str | None = None) -> NetworkSummary:
+    """Every parameter of a Bayesian network or model: site or point estimate, and how.
+
+    ``print(summary(model))`` prints a table with one row per parameter (its site or
+    parameter name, the layer type, Bayesian or point estimate, shape, prior, estimator and
+    number of scalars) and the totals. Names are the site names the guide uses (a
+    :class:`~pyro_bbb.BNN` roots them at its own name, without ``"net."``).
+
+    Args:
+        model: A network from :func:`~pyro_bbb.nn.bayesianize` or :func:`~pyro_bbb.nn.mlp`,
+            or a :class:`~pyro_bbb.BNN`.
+        reparam: The estimator training would use (``None``, ``"local"``, ``"flipout"``):
+            affine layers (Linear, ConvNd, ConvTransposeNd) are given it, every other
+            Bayesian layer is drawn by weight sampling.
+
+    Returns:
+        A :class:`NetworkSummary`.
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    return NetworkSummary(tuple(_rows(model, getattr(model, "_pyro_name", ""), reparam)))

@@ -1,0 +1,40 @@
+"""The examples of Bayesian layers beyond Linear run, in a short form, and print what they show."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from .support import REPO
+
+
+def run_example(name: str, *args: str) -> str:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    done = subprocess.run(
+        [sys.executable, str(REPO / "examples" / name), *args],
+        capture_output=True, text=True, cwd=REPO, env=env, timeout=600, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+
+def test_the_conv1d_example_makes_every_convolution_bayesian_with_flipout():
+    out = run_example("conv1d_sequences.py", "--epochs", "2", "--num", "100")
+    assert "| 0.weight | Conv1d | Bayesian | 8×1×5 |" in out
+    assert "| 2.bias | Conv1d | Bayesian | 8 | Gaussian(scale=1, loc=0) | flipout | 8 |" in out
+    assert "test accuracy" in out and "white noise" in out
+
+
+def test_the_gru_example_says_which_layer_each_estimator_served():
+    out = run_example("gru_regression.py", "--epochs", "2", "--num", "60")
+    assert "applies to the affine layers ['head']; the layers ['rnn']" in out
+    assert "'rnn' (GRU) cannot be vectorised" in out
+    assert "test RMSE" in out and "epistemic" in out
+
+
+def test_the_last_layer_example_keeps_the_trained_body_frozen():
+    out = run_example("last_layer_digits.py", "--epochs", "1", "--head-epochs", "1")
+    assert "| 6.weight | Linear | point estimate (frozen) | 64×256 |" in out
+    assert "| 8.weight | Linear | Bayesian | 10×64 |" in out
+    assert "last-layer BNN" in out
