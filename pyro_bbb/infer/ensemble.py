@@ -58,7 +58,7 @@ class Ensemble(PyroModule):
     ``(K, 1, out, in)``), named in Pyro's param store after the guide the factory returns:
     ``"MeanFieldGuide.members.locs.0.weight"``, or ``"<name>.members..."`` for a guide given a
     ``name``. Member 0 starts where a single guide would; the others from fresh
-    draws of each layer's default initialisation. Every site is drawn inside
+    draws of each affine layer's default initialisation. Every site is drawn inside
     :meth:`members_plate`, and the model must run inside it too; this package's ELBO, predictive and
     evaluation do that themselves. With plain Pyro, wrap the model::
 

@@ -67,8 +67,8 @@ class GaussianGuide(AutoGuide):
         """Initial means of ``K`` members, ``{site: (*member_shape, *site shape)}``.
 
         Member 0 starts where a single guide would; the others from fresh draws of torch's
-        default initialisation of each layer (:func:`~pyro_bbb.nn.fresh_initial_values`).
-        A site outside the Bayesian layers starts at the same value in every member.
+        default initialisation of each affine layer (:func:`~pyro_bbb.nn.fresh_initial_values`).
+        A site outside the affine layers starts at the same value in every member.
         """
         count = self.member_shape[0]
         draws = [locs] + [fresh_initial_values(self.model) for _ in range(count - 1)]
