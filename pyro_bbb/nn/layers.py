@@ -271,9 +271,19 @@ class BayesianAffine(BayesianLayer):
         if len(got) != len(expected) or any(
             e is not None and e != g for e, g in zip(expected, got, strict=True)
         ):
+            hint = ""
+            if len(expected) == 1 and expected[0] and got and got[-1] % expected[0] == 0:
+                # e.g. nn.Flatten() after a convolution, under several weight draws
+                hint = (
+                    ": a reshape between layers seems to have merged the batch into the "
+                    "features. Weight draws (several particles, predict, an Ensemble) add "
+                    "leading dims, so a reshape must count feature dims from the end, e.g. "
+                    "nn.Flatten(-3) after a Conv2d, nn.Flatten(-2) after a Conv1d"
+                )
             raise ValueError(
                 f"{type(self).__name__} {self._pyro_name or '(root)'!r} expects input "
-                f"features {tuple(expected)} in its last dims, got x of shape {tuple(x.shape)}"
+                f"features {tuple(expected)} in its last dims, got x of shape "
+                f"{tuple(x.shape)}{hint}"
             )
 
     def _expected_features(self) -> tuple[int | None, ...]:

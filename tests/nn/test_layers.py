@@ -170,3 +170,27 @@ def test_a_prior_with_learnable_hyperparameters_is_rebuilt_every_pass():
     assert not prior.cacheable
     net = pyro_bbb.mlp([2, 3, 1], prior=prior)
     assert net[0].prior_distribution("weight") is not net[0].prior_distribution("weight")
+
+
+def test_a_flatten_counting_from_the_front_is_named_under_weight_draws_and_one_from_the_end_works():
+    # The network a user brings: nn.Flatten() keeps dim 0 and flattens the rest, which under
+    # weight draws (leading sample dims) merges the batch into the features.
+    x, y = torch.randn(16, 2, 8), torch.randn(16)
+
+    def model_of(flatten):
+        net = nn.Sequential(nn.Conv1d(2, 4, 3), nn.ReLU(), flatten, nn.Linear(24, 1))
+        return pyro_bbb.BNN(pyro_bbb.bayesianize(net, prior=Gaussian(1.0)), pyro_bbb.likelihoods.Gaussian(), 16)
+
+    model = model_of(nn.Flatten())
+    guide = pyro_bbb.MeanFieldGuide(model)
+    pyro_bbb.fit(model, guide, x, y, epochs=2, progress=False, seed=0)  # one draw: no sample dims
+    with pytest.raises(ValueError, match=r"nn\.Flatten\(-2\) after a Conv1d"):
+        pyro_bbb.predict(model, guide, x, num_samples=5, seed=0)
+
+    pyro.clear_param_store()
+    model = model_of(nn.Flatten(-2))
+    for guide in (pyro_bbb.MeanFieldGuide(model), pyro_bbb.Ensemble(model, pyro_bbb.MeanFieldGuide, k=3)):
+        pyro_bbb.fit(model, guide, x, y, epochs=2, num_particles=2, progress=False, seed=0)
+        pred = pyro_bbb.predict(model, guide, x, num_samples=5, seed=0)
+        assert pred.mean.shape == (16,) and torch.all(pred.epistemic_std > 0)
+        pyro.clear_param_store()
