@@ -179,17 +179,17 @@ def test_a_flatten_counting_from_the_front_is_named_under_weight_draws_and_one_f
 
     def model_of(flatten):
         net = nn.Sequential(nn.Conv1d(2, 4, 3), nn.ReLU(), flatten, nn.Linear(24, 1))
-        return pyro_bbb.BNN(pyro_bbb.bayesianize(net, prior=Gaussian(1.0)), pyro_bbb.likelihoods.Gaussian(), 16)
+        return BNN(bayesianize(net, prior=Gaussian(1.0)), likelihoods.Gaussian(), 16)
 
     model = model_of(nn.Flatten())
-    guide = pyro_bbb.MeanFieldGuide(model)
+    guide = MeanFieldGuide(model)
     pyro_bbb.fit(model, guide, x, y, epochs=2, progress=False, seed=0)  # one draw: no sample dims
     with pytest.raises(ValueError, match=r"nn\.Flatten\(-2\) after a Conv1d"):
         pyro_bbb.predict(model, guide, x, num_samples=5, seed=0)
 
     pyro.clear_param_store()
     model = model_of(nn.Flatten(-2))
-    for guide in (pyro_bbb.MeanFieldGuide(model), pyro_bbb.Ensemble(model, pyro_bbb.MeanFieldGuide, k=3)):
+    for guide in (MeanFieldGuide(model), pyro_bbb.Ensemble(model, MeanFieldGuide, k=3)):
         pyro_bbb.fit(model, guide, x, y, epochs=2, num_particles=2, progress=False, seed=0)
         pred = pyro_bbb.predict(model, guide, x, num_samples=5, seed=0)
         assert pred.mean.shape == (16,) and torch.all(pred.epistemic_std > 0)
