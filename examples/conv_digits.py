@@ -10,7 +10,7 @@ there (see docs/estimators.md).
 
 Weights drawn for several predictive samples at once carry leading sample dims, so a conv
 layer's output is ``(samples, batch, channels, height, width)``: ``bayesianize`` lets
-``nn.MaxPool2d`` take that, and ``nn.Flatten(-3)`` flattens the image dims only.
+``nn.MaxPool2d`` take that, and ``nn.Flatten()`` flatten each sample's image dims only.
 
     python examples/conv_digits.py [--reparam flipout|local|none] [--epochs 30] \
         [--figure conv_digits_reliability.png]
@@ -41,7 +41,7 @@ net = nn.Sequential(
     nn.Conv2d(1, 8, 3, padding=1), nn.ReLU(),
     nn.Conv2d(8, 16, 3, padding=1), nn.ReLU(),
     nn.MaxPool2d(2),  # (*S, B, 16, 8, 8) -> (*S, B, 16, 4, 4)
-    nn.Flatten(-3),  # (*S, B, 256): keep the sample dims
+    nn.Flatten(),  # (*S, B, 256): bayesianize makes it keep the sample dims
     nn.Linear(16 * 4 * 4, 64), nn.ReLU(),
     nn.Linear(64, 10),
 )  # fmt: skip

@@ -33,7 +33,7 @@ data = digits(images=True)  # x (n, 1, 8, 8) in [0, 1], y (n,) in [0, 10)
 trained = nn.Sequential(
     nn.Conv2d(1, 8, 3, padding=1), nn.ReLU(),
     nn.Conv2d(8, 16, 3, padding=1), nn.ReLU(),
-    nn.MaxPool2d(2), nn.Flatten(-3),
+    nn.MaxPool2d(2), nn.Flatten(),
     nn.Linear(16 * 4 * 4, 64), nn.ReLU(),
     nn.Linear(64, 10),  # "8": the last layer
 )  # fmt: skip

@@ -25,6 +25,7 @@ from ..priors import Gaussian, PriorSpec, resolve_prior
 from .affine import AffineMap, ConvMap, LinearMap
 from .layers import BayesianAffine, fold_sample_dims, freeze_parameter
 from .module_layer import BayesianModule
+from .sample_dims import track_sample_dims
 
 __all__ = ["bayesianize", "mlp"]
 
@@ -99,8 +100,11 @@ def bayesianize(
     held as a buffer of the same name, out of Pyro's param store).
     Layers that accept only 4-D inputs (2-D pooling, ``BatchNorm2d``, ``InstanceNorm2d``,
     ``Dropout2d``) are given a forward that folds the weights' sample dims into the batch,
-    so vectorised particles and predictions work through them. A reshape of your own (e.g.
-    ``nn.Flatten``) must count feature dims from the end: ``nn.Flatten(-3)``.
+    so vectorised particles and predictions work through them, and ``nn.Flatten`` and
+    ``nn.Unflatten`` skip those sample dims (``nn.Flatten()`` after a convolution flattens
+    each draw's features; see :mod:`pyro_bbb.nn.sample_dims`). A reshape of your own in a
+    ``forward`` must count feature dims from the end: ``x.flatten(-3)``, not
+    ``x.view(x.shape[0], -1)``.
 
     For a last-layer (or any subnetwork) BNN on a trained body, name the layers:
     ``bayesianize(trained, only="head.*")``.
@@ -150,6 +154,7 @@ def bayesianize(
             f"(only={only!r}, deterministic={list(selection.deterministic)!r})"
         )
     fold_sample_dims(net)
+    track_sample_dims(net)
     _to_pyro_modules(net)
     return net
 

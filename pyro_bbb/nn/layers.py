@@ -22,6 +22,7 @@ from torch import nn
 
 from ..priors import PriorSpec
 from .affine import AffineMap, ConvMap, bayesian_affine
+from .sample_dims import SAMPLE_AWARE, current_sample_dims, note_sample_dims
 
 __all__ = [
     "BayesianAffine",
@@ -256,7 +257,8 @@ class BayesianAffine(BayesianLayer):
         """
         self._check_features(x)
         names = self._site_names()
-        return bayesian_affine(
+        x_sample_dims = current_sample_dims()
+        out = bayesian_affine(
             x,
             self.weight,
             self.bias,
@@ -264,6 +266,9 @@ class BayesianAffine(BayesianLayer):
             weight_site=names.get("weight"),
             bias_site=names.get("bias"),
         )
+        # Input and output have as many feature dims: extra dims are the draws' sample dims.
+        note_sample_dims(x_sample_dims + out.dim() - x.dim())
+        return out
 
     def _check_features(self, x: torch.Tensor) -> None:
         expected = self._expected_features()
@@ -273,12 +278,13 @@ class BayesianAffine(BayesianLayer):
         ):
             hint = ""
             if len(expected) == 1 and expected[0] and got and got[-1] % expected[0] == 0:
-                # e.g. nn.Flatten() after a convolution, under several weight draws
+                # e.g. x.view(x.shape[0], -1) after a convolution, under several draws
                 hint = (
                     ": a reshape between layers seems to have merged the batch into the "
                     "features. Weight draws (several particles, predict, an Ensemble) add "
-                    "leading dims, so a reshape must count feature dims from the end, e.g. "
-                    "nn.Flatten(-3) after a Conv2d, nn.Flatten(-2) after a Conv1d"
+                    "leading dims, so a reshape of your own must count feature dims from the "
+                    "end, e.g. x.flatten(-3) after a Conv2d, x.flatten(-2) after a Conv1d "
+                    "(nn.Flatten and nn.Unflatten skip the sample dims themselves)"
                 )
             raise ValueError(
                 f"{type(self).__name__} {self._pyro_name or '(root)'!r} expects input "
@@ -333,8 +339,15 @@ for _base in (
     )
 
 
+_SAMPLE_FOLDING.update(SAMPLE_AWARE)  # and the reshapes that skip the sample dims
+
+
 def fold_sample_dims(module: nn.Module) -> None:
-    """Let 4-D-only layers take inputs with sample dims, by class swap (names unchanged)."""
+    """Let 4-D-only layers and reshapes take inputs with sample dims, by class swap.
+
+    Names, arguments and ``state_dict`` are unchanged; ``nn.Flatten`` and ``nn.Unflatten``
+    become their versions in :mod:`pyro_bbb.nn.sample_dims`.
+    """
     for child in module.modules():
         folding = _SAMPLE_FOLDING.get(type(child))
         if folding is not None:

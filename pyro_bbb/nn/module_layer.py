@@ -27,6 +27,7 @@ from .._shapes import broadcast_shape
 from ..priors import PriorSpec
 from .affine import sample_shape
 from .layers import BayesianLayer, user_class
+from .sample_dims import note_sample_dims
 
 __all__ = ["BayesianModule"]
 
@@ -128,6 +129,7 @@ class BayesianModule(BayesianLayer):
         sample = broadcast_shape(w_sample, x_sample)
         if not sample:
             return functional_call(module, values, args, kwargs)
+        note_sample_dims(len(sample))
         if next(module.children(), None) is not None:
             # Layers inside it draw their own weights, with their own sample dims: mapping
             # over draws would draw those once per draw. Its forward broadcasts instead.

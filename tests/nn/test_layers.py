@@ -172,9 +172,9 @@ def test_a_prior_with_learnable_hyperparameters_is_rebuilt_every_pass():
     assert net[0].prior_distribution("weight") is not net[0].prior_distribution("weight")
 
 
-def test_a_flatten_counting_from_the_front_is_named_under_weight_draws_and_one_from_the_end_works():
-    # The network a user brings: nn.Flatten() keeps dim 0 and flattens the rest, which under
-    # weight draws (leading sample dims) merges the batch into the features.
+def test_nn_flatten_after_a_conv_works_under_weight_draws_and_a_reshape_of_ones_own_is_named():
+    # nn.Flatten() keeps dim 0 and flattens the rest: bayesianize makes it skip the sample
+    # dims that weight draws (particles, predict, an Ensemble) put in front of the batch.
     x, y = torch.randn(16, 2, 8), torch.randn(16)
 
     def model_of(flatten):
@@ -182,15 +182,18 @@ def test_a_flatten_counting_from_the_front_is_named_under_weight_draws_and_one_f
         return BNN(bayesianize(net, prior=Gaussian(1.0)), likelihoods.Gaussian(), 16)
 
     model = model_of(nn.Flatten())
-    guide = MeanFieldGuide(model)
-    pyro_bbb.fit(model, guide, x, y, epochs=2, progress=False, seed=0)  # one draw: no sample dims
-    with pytest.raises(ValueError, match=r"nn\.Flatten\(-2\) after a Conv1d"):
-        pyro_bbb.predict(model, guide, x, num_samples=5, seed=0)
-
-    pyro.clear_param_store()
-    model = model_of(nn.Flatten(-2))
     for guide in (MeanFieldGuide(model), pyro_bbb.Ensemble(model, MeanFieldGuide, k=3)):
         pyro_bbb.fit(model, guide, x, y, epochs=2, num_particles=2, progress=False, seed=0)
         pred = pyro_bbb.predict(model, guide, x, num_samples=5, seed=0)
         assert pred.mean.shape == (16,) and torch.all(pred.epistemic_std > 0)
         pyro.clear_param_store()
+
+    class KeepDim0(nn.Module):  # a reshape of one's own, counting from the front
+        def forward(self, h):
+            return h.reshape(h.shape[0], -1)
+
+    model = model_of(KeepDim0())
+    guide = MeanFieldGuide(model)
+    pyro_bbb.fit(model, guide, x, y, epochs=2, progress=False, seed=0)  # one draw: no sample dims
+    with pytest.raises(ValueError, match=r"x\.flatten\(-2\) after a Conv1d"):
+        pyro_bbb.predict(model, guide, x, num_samples=5, seed=0)
