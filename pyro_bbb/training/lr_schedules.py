@@ -42,7 +42,33 @@ scheduler class (or a ``functools.partial`` of one)."""
 
 
 @dataclass(frozen=True)
-class CosineDecay:
+class _DelayedDecay:
+    """Factor 1 for the first ``start`` of the epochs, then a decay to ``floor``.
+
+    A subclass gives the decay as a function of the fraction ``u`` in [0, 1] of the
+    remaining epochs done (``_decay``).
+    """
+
+    epochs: float
+    start: float
+    floor: float
+
+    def __post_init__(self) -> None:
+        _check_decay(self.epochs, self.start, self.floor)
+
+    def __call__(self, epoch: float) -> float:
+        """The factor at epoch ``epoch`` (fractional)."""
+        begin = self.start * self.epochs
+        if epoch <= begin:
+            return 1.0
+        return self._decay(min((epoch - begin) / (self.epochs - begin), 1.0))
+
+    def _decay(self, u: float) -> float:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class CosineDecay(_DelayedDecay):
     r"""Factor 1, then a half cosine down to ``floor`` over the last part of the epochs.
 
     .. math::
@@ -63,20 +89,12 @@ class CosineDecay:
     start: float = 0.5
     floor: float = 0.01
 
-    def __post_init__(self) -> None:
-        _check_decay(self.epochs, self.start, self.floor)
-
-    def __call__(self, epoch: float) -> float:
-        """The factor at epoch ``epoch`` (fractional)."""
-        begin = self.start * self.epochs
-        if epoch <= begin:
-            return 1.0
-        u = min((epoch - begin) / (self.epochs - begin), 1.0)
+    def _decay(self, u: float) -> float:
         return self.floor + (1 - self.floor) * 0.5 * (1 + math.cos(math.pi * u))
 
 
 @dataclass(frozen=True)
-class InverseTimeDecay:
+class InverseTimeDecay(_DelayedDecay):
     r"""Factor 1, then :math:`1/(1 + a u)` down to ``floor`` over the last part of the epochs.
 
     .. math::
@@ -102,15 +120,7 @@ class InverseTimeDecay:
     start: float = 0.7
     floor: float = 0.01
 
-    def __post_init__(self) -> None:
-        _check_decay(self.epochs, self.start, self.floor)
-
-    def __call__(self, epoch: float) -> float:
-        """The factor at epoch ``epoch`` (fractional)."""
-        begin = self.start * self.epochs
-        if epoch <= begin:
-            return 1.0
-        u = min((epoch - begin) / (self.epochs - begin), 1.0)
+    def _decay(self, u: float) -> float:
         return 1.0 / (1.0 + (1.0 / self.floor - 1.0) * u)
 
 
