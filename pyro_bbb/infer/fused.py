@@ -40,7 +40,6 @@ from dataclasses import dataclass
 
 import pyro.distributions as dist
 import torch
-import torch.nn.functional as F
 from pyro.nn.module import _is_module_local_param_enabled
 from pyro.poutine.messenger import Messenger
 from pyro.poutine.runtime import Message
@@ -51,6 +50,7 @@ from ..nn.affine import AffineMap
 from ..nn.layers import BayesianAffine
 from .elbo import AnnealedELBO, ELBOTerms
 from .guides import LowRankGuide, MeanFieldGuide
+from .guides._init import scale_from_rho
 from .guides._params import ParamRef
 from .kl import kl_to_scalar_normal, scalar_normal_parameters
 from .reparam import Split, flipout_affine, local_affine
@@ -275,11 +275,6 @@ class _Draws:
         raise NotImplementedError
 
 
-def _scale(rho: torch.Tensor, min_scale: float) -> torch.Tensor:
-    r"""The guides' :math:`\sigma = \text{softplus}(\rho) + \sigma_{\min}`."""
-    return F.softplus(rho) + min_scale
-
-
 def _standard_normal(shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
     """Standard normal noise drawn as ``torch.distributions.Normal.rsample`` draws it."""
     return torch.empty(shape, dtype=like.dtype, device=like.device).normal_()
@@ -335,7 +330,7 @@ class _MeanFieldDraws(_Draws):
         parts = []
         for site, (loc_ref, rho_ref) in zip(self._sites, self._refs, strict=True):
             loc = loc_ref.module_value()
-            scale = _scale(rho_ref.module_value(), self._guide.min_scale)
+            scale = scale_from_rho(rho_ref.module_value(), self._guide.min_scale)
             prior = site.prior()
             parts.append((site, loc, scale, prior, self._kind(site, prior, loc, scale)))
         # Local reparameterisation uses the weights' means and variances only: unless a KL
@@ -431,7 +426,7 @@ class _LowRankDraws(_Draws):
             # V is (d, r); every product below runs along d, which is several times faster
             # on the transposed copy (rows of length d) than on r-wide rows.
             factor_t = factor.mT.contiguous()
-            scale = _scale(rho, guide.min_scale)
+            scale = scale_from_rho(rho, guide.min_scale)
             size = block.size
             eps_diag = _standard_normal((*sample, size), loc)
             eps_factor = _standard_normal((*sample, guide.rank), loc)

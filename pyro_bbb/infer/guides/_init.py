@@ -1,9 +1,11 @@
-"""Where a guide's initial means come from; shared by every guide in this package.
+r"""Where a guide's initial means and scales come from; shared by every guide in this package.
 
-A guide's means start from one of three sources: the network's own initialisation (the
-values :func:`~pyro_bbb.bayesianize` kept), a pretrained ``nn.Module`` with the same
-parameter names, or a ``{site name: tensor}`` mapping. This module resolves that choice
-into one tensor per latent site; it holds no guide.
+Every guide scale is :math:`\sigma = \mathrm{softplus}(\rho) + \sigma_{\min}`
+(:func:`scale_from_rho`), with :math:`\rho` started from a chosen :math:`\sigma`
+(:func:`check_init_scale`). A guide's means start from one of three sources: the network's
+own initialisation (the values :func:`~pyro_bbb.bayesianize` kept), a pretrained
+``nn.Module`` with the same parameter names, or a ``{site name: tensor}`` mapping. This
+module resolves that choice into one tensor per latent site; it holds no guide.
 """
 
 from __future__ import annotations
@@ -12,13 +14,20 @@ import math
 from collections.abc import Mapping
 
 import torch
+import torch.nn.functional as F
 from pyro.poutine import Trace
 from torch import nn
 
 from ...nn import initial_values
 from ..sites import base_support, is_real_valued
 
-__all__ = ["InitLoc", "check_init_scale", "global_latent_sites", "initial_locs"]
+__all__ = [
+    "InitLoc",
+    "check_init_scale",
+    "global_latent_sites",
+    "initial_locs",
+    "scale_from_rho",
+]
 
 InitLoc = nn.Module | Mapping[str, torch.Tensor] | None
 """``None`` (the network's own initialisation), a pretrained module, or a mapping."""
@@ -118,6 +127,15 @@ def initial_locs(
             )
         locs[name] = value.to(device=prototype.device, dtype=prototype.dtype).clone()
     return locs
+
+
+def scale_from_rho(rho: torch.Tensor, min_scale: float) -> torch.Tensor:
+    r"""Every guide scale, :math:`\sigma = \mathrm{softplus}(\rho) + \sigma_{\min}`.
+
+    Returns:
+        σ, the shape of ``rho``.
+    """
+    return F.softplus(rho) + min_scale
 
 
 def check_init_scale(init_scale: float, min_scale: float) -> float:

@@ -23,13 +23,12 @@ from typing import Any, Literal
 import pyro
 import pyro.distributions as dist
 import torch
-import torch.nn.functional as F
 from pyro.nn import PyroModule
 
 from ..._validation import check_choice, check_int
 from ..sites import BLOCK_KEY, JOINT_KEY
 from ._base import GaussianGuide
-from ._init import InitLoc, check_init_scale
+from ._init import InitLoc, check_init_scale, scale_from_rho
 from ._params import set_param
 from .moped import MOPED
 
@@ -189,7 +188,7 @@ class LowRankGuide(GaussianGuide):
         if isinstance(block, str):
             block = self._block(block)
         loc = attrgetter(block.name)(self.locs)
-        scale = F.softplus(attrgetter(block.name)(self.rhos)) + self.min_scale
+        scale = scale_from_rho(attrgetter(block.name)(self.rhos), self.min_scale)
         factor = attrgetter(block.name)(self.factors)
         return LowRankMultivariateNormal(loc, factor, scale.pow(2))
 

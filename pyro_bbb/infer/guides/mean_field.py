@@ -14,11 +14,10 @@ from typing import Any
 import pyro
 import pyro.distributions as dist
 import torch
-import torch.nn.functional as F
 from pyro.nn import PyroModule
 
 from ._base import GaussianGuide
-from ._init import InitLoc, check_init_scale
+from ._init import InitLoc, check_init_scale, scale_from_rho
 from ._params import ParamRef as _ParamRef
 from ._params import set_param
 from .moped import MOPED
@@ -94,7 +93,7 @@ class MeanFieldGuide(GaussianGuide):
 
     def _loc_scale(self, name: str) -> tuple[torch.Tensor, torch.Tensor]:
         loc_ref, rho_ref = self._params[name]
-        return loc_ref(), F.softplus(rho_ref()) + self.min_scale
+        return loc_ref(), scale_from_rho(rho_ref(), self.min_scale)
 
     def site_distribution(self, name: str) -> dist.TorchDistribution:
         r"""The guide's distribution of one site: :math:`\mathcal{N}(\mu, \sigma^2)`, one event."""
