@@ -36,7 +36,7 @@ classification (N=60000, batch 128); with ``--throughput``: ``wide`` 784-1200-12
 (batch 1024) and ``conv``, a small ConvNet on 28x28 images (batch 256), in examples/s.
 
     python benchmarks/steptime.py [--nets small,large] [--threads 1] [--device cpu|cuda]
-        [--steps 10] [--rounds 8] [--memory/--no-memory] [--throughput]
+        [--steps 10] [--rounds 8] [--memory/--no-memory] [--throughput] [--only LABELS]
 """
 
 from __future__ import annotations
@@ -487,7 +487,7 @@ def step_table(args) -> None:
         pyro.clear_param_store()
         pyro.set_rng_seed(args.seed)
         x, y = net.data(DEVICE)
-        configs = configurations(net, DEVICE, x, y, fused)
+        configs = only(configurations(net, DEVICE, x, y, fused), args.only)
         medians = time_steps(configs, args.steps, args.rounds)
         memory = {}
         if args.memory:
@@ -516,6 +516,16 @@ def step_table(args) -> None:
                 row += f" {memory[label]:.1f} | {memory[label] / memory[labels[0]]:.2f}× |"
             print(row)
         print()
+
+
+def only(configs: dict[str, Callable], patterns: str | None) -> dict[str, Callable]:
+    """The reference and the configurations whose label contains one of ``patterns``."""
+    if not patterns:
+        return configs
+    wanted = [p for p in patterns.split("|") if p]
+    labels = list(configs)
+    keep = [labels[0]] + [k for k in labels[1:] if any(p in k for p in wanted)]
+    return {k: configs[k] for k in keep}
 
 
 def net_name_of(net: Net) -> str:
@@ -565,6 +575,11 @@ def main() -> None:
         "on a shared machine); wall: elapsed time (default, and needed, on CUDA)",
     )
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--only",
+        help="'|'-separated substrings: time only the configurations whose label contains one "
+        "(the reference is always kept), e.g. --only 'reference +|fit, MeanFieldGuide'",
+    )
     parser.add_argument("--memory-of", nargs=2, metavar=("NET", "LABEL"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
