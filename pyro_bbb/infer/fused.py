@@ -194,12 +194,10 @@ class FusedELBO:
             layers = nullcontext() if self._op is None else _GivenSplits(self._op, draw.splits)
             with layers:
                 output = model.net(x)
-                fn = model.likelihood(output)
+            log_lik = model.likelihood.log_prob(output, y).sum()
         batch = x.shape[0]
-        log_lik = fn.log_prob(model.likelihood.as_observation(y, output))
         if batch != model.num_data:
             log_lik = log_lik * (model.num_data / batch)
-        log_lik = log_lik.sum()
         sites = {model.observation_site: log_lik, **draw.kl_terms}
         nll = -log_lik
         closed, sampled = draw.closed_kl, draw.sampled_kl
