@@ -282,9 +282,10 @@ def local_affine(
     shape = broadcast_shape(noise, variance.shape, mean.shape)
     # A pre-activation variance of exactly 0 (an all-zero input row into a layer whose
     # bias is deterministic) has sqrt' = inf, and inf * 0 poisons the gradient with NaN.
-    # Below the smallest normal float the clamp passes no gradient; the value it adds,
-    # sqrt(tiny) ~ 1e-19 (float32), is below float resolution of any activation.
-    std = variance.clamp_min(torch.finfo(variance.dtype).tiny).sqrt()
+    # Adding the smallest normal float keeps sqrt' finite there (and the zero row passes
+    # 0 on); it changes no variance above 1e-31 (float32), and sqrt(tiny) ~ 1e-19 is below
+    # the resolution of any activation. An addition's backward is free, a clamp's two passes.
+    std = (variance + torch.finfo(variance.dtype).tiny).sqrt()
     return mean + std * torch.randn(shape, dtype=mean.dtype, device=mean.device)
 
 
