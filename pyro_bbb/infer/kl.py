@@ -189,25 +189,29 @@ def kl_to_scalar_normal(
     Returns:
         The KL divergence in nats, ``(*batch)``.
     """
-    dims = tuple(range(-event_dims, 0))
-
-    def total(t: torch.Tensor) -> torch.Tensor:  # over the event dims
-        if event_dims == t.dim():
-            return t.sum()  # one op backward too, where a list of dims unsqueezes each
-        return t.sum(dims) if event_dims else t
-
-    n = math.prod(loc.shape[loc.dim() - event_dims :])
     m, s = prior_loc, prior_scale
     deviation = loc if isinstance(m, float) and m == 0.0 else loc - m
-    if scale.shape == deviation.shape and event_dims == loc.dim():
+    if event_dims == loc.dim() and scale.shape == deviation.shape:  # one event: a site
         squares = _sum_of_squares(scale) + _sum_of_squares(deviation)
-    elif scale.shape == deviation.shape:
-        squares = total(scale.square() + deviation.square())
-    else:  # broadcast against each other (a parameter expanded over particles)
-        squares = total(scale.square()) + total(deviation.square())
+        log_scales = scale.log().sum()
+        n = loc.numel()
+    else:
+        dims = tuple(range(-event_dims, 0))
+
+        def total(t: torch.Tensor) -> torch.Tensor:  # over the event dims
+            if event_dims == t.dim():
+                return t.sum()  # one op backward too, where a list of dims unsqueezes each
+            return t.sum(dims) if event_dims else t
+
+        if scale.shape == deviation.shape:
+            squares = total(scale.square() + deviation.square())
+        else:  # broadcast against each other (a parameter expanded over particles)
+            squares = total(scale.square()) + total(deviation.square())
+        log_scales = total(scale.log())
+        n = math.prod(loc.shape[loc.dim() - event_dims :])
     if isinstance(s, float):
-        return squares / (2 * s * s) - total(scale.log()) + n * (math.log(s) - 0.5)
-    return squares / (2 * s.square()) - total(scale.log()) + n * (s.log() - 0.5)
+        return squares / (2 * s * s) - log_scales + n * (math.log(s) - 0.5)
+    return squares / (2 * s.square()) - log_scales + n * (s.log() - 0.5)
 
 
 def _sum_of_squares(t: torch.Tensor) -> torch.Tensor:
