@@ -343,11 +343,13 @@ class _MeanFieldDraws(_Draws):
             else:
                 value = torch.addcmul(loc, _standard_normal((*sample, *site.shape), loc), scale)
                 values[site.name] = value
+            variance = scale.pow(2) if self.splits == "variance" else None
             if self.splits:
-                variance = scale.pow(2) if self.splits == "variance" else None
                 splits[site.name] = Split(loc, variance, value, sample[:1])
             if how[0] == "scalar":
-                term = kl_to_scalar_normal(loc, scale, how[1], how[2], event_dims=site.event_dims)
+                term = kl_to_scalar_normal(
+                    loc, scale, how[1], how[2], event_dims=site.event_dims, variance=variance
+                )
                 closed.append(term)
             else:
                 q = dist.Normal(loc, scale, validate_args=False).to_event(site.event_dims)

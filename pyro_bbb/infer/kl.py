@@ -168,6 +168,7 @@ def kl_to_scalar_normal(
     prior_scale: torch.Tensor | float,
     *,
     event_dims: int,
+    variance: torch.Tensor | None = None,
 ) -> torch.Tensor:
     r""":math:`\mathrm{KL}(\mathcal{N}(\mu, \sigma^2) \| \mathcal{N}(m, s^2))` over the event dims.
 
@@ -185,6 +186,10 @@ def kl_to_scalar_normal(
         prior_loc: :math:`m`, a number or a 0-d tensor.
         prior_scale: :math:`s`, a number or a 0-d tensor.
         event_dims: The number of trailing dims that form one event (summed over).
+        variance: :math:`\sigma^2` when the caller has it already (local
+            reparameterisation does): :math:`\sum \sigma^2` is then its sum, one pass
+            forward and an addition to its gradient backward, where the product of
+            :math:`\sigma` with itself costs three.
 
     Returns:
         The KL divergence in nats, ``(*batch)``.
@@ -192,7 +197,10 @@ def kl_to_scalar_normal(
     m, s = prior_loc, prior_scale
     deviation = loc if isinstance(m, float) and m == 0.0 else loc - m
     if event_dims == loc.dim() and scale.shape == deviation.shape:  # one event: a site
-        squares = _sum_of_squares(scale) + _sum_of_squares(deviation)
+        if variance is not None and variance.shape == scale.shape:
+            squares = variance.sum() + _sum_of_squares(deviation)
+        else:
+            squares = _sum_of_squares(scale) + _sum_of_squares(deviation)
         log_scales = scale.log().sum()
         n = loc.numel()
     else:
