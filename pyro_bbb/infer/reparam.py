@@ -293,7 +293,7 @@ def local_affine(
     # 0 on); it changes no variance above 1e-31 (float32), and sqrt(tiny) ~ 1e-19 is below
     # the resolution of any activation. An addition's backward is free, a clamp's two passes.
     std = (variance + torch.finfo(variance.dtype).tiny).sqrt()
-    return mean + std * torch.randn(shape, dtype=mean.dtype, device=mean.device)
+    return torch.addcmul(mean, std, torch.randn(shape, dtype=mean.dtype, device=mean.device))
 
 
 def flipout_affine(
