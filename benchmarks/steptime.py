@@ -24,25 +24,30 @@ Pyro AutoNormal
     ``AutoNormal`` + ``Trace_ELBO`` + ``SVI`` on the same ``BNN``, Pyro's defaults.
 
 Configurations take turns, ``--steps`` steps at a time, so load from elsewhere on a shared
-machine hits them alike. Memory: each configuration runs again in a fresh process, and the
-step's memory is the peak resident set (CUDA: peak allocated) during its first
-``--memory-steps`` steps above what the process held just before the first step (model,
-data, parameters): gradients, optimiser state, activations and temporaries. On the CPU that
-process runs with glibc returning freed blocks of 64 KiB or more to the OS at once, so the
-resident set follows the live tensors.
+machine hits them alike. On glibc the timing process keeps the memory it frees
+(``steady_heap``; ``--no-steady-heap`` to leave the allocator as it is): otherwise whichever
+configuration's frees happen to land at the top of the heap pays a page fault per 4 KiB
+every step, a matter of the process's history rather than of the step.
+
+Memory: each configuration runs again in a fresh process, and the step's memory is the peak
+resident set (CUDA: peak allocated) during its first ``--memory-steps`` steps above what the
+process held just before the first step (model, data, parameters): gradients, optimiser
+state, activations and temporaries. On the CPU that process runs with glibc returning freed
+blocks of 64 KiB or more to the OS at once, so the resident set follows the live tensors.
 
 Nets: ``small`` 1-50-50-1 regression (N=1000, batch 100); ``large`` 784-400-400-10
 classification (N=60000, batch 128); with ``--throughput``: ``wide`` 784-1200-1200-10
 (batch 1024) and ``conv``, a small ConvNet on 28x28 images (batch 256), in examples/s.
 
     python benchmarks/steptime.py [--nets small,large] [--threads 1] [--device cpu|cuda]
-        [--steps 10] [--rounds 8] [--memory/--no-memory] [--throughput]
+        [--steps 10] [--rounds 8] [--memory/--no-memory] [--throughput] [--only LABELS]
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
 import itertools
 import json
 import math
@@ -406,6 +411,28 @@ def sync() -> None:
         torch.cuda.synchronize()
 
 
+def steady_heap() -> bool:
+    """Keep freed memory in this process (glibc), so that no step pays for the heap's layout.
+
+    glibc hands the top of its heap back to the OS when more than a threshold lies free
+    there, and the next step that needs it takes a page fault per 4 KiB to map it again.
+    Whether a step's frees land at the top depends on what the process allocated before:
+    measured in one run, fit's step took 250-400 faults a step (3-4 % of a 784-400-400-10
+    step) and the reference none, while the same fused step, called from the reference's
+    loop in that process, took none, and the reference alone in a fresh process took 343.
+    Pinning the trim and mmap thresholds takes the faults out of every configuration
+    alike. Returns whether it applied (glibc's ``mallopt`` only).
+    """
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return False
+    m_trim_threshold, m_mmap_threshold = -1, -3
+    return bool(libc.mallopt(m_trim_threshold, 2**30)) and bool(
+        libc.mallopt(m_mmap_threshold, 32 * 2**20)
+    )
+
+
 def fused_default(device: torch.device) -> bool:
     """Whether fit's default Adam is the fused one here (see pyro_bbb.training.optimizers)."""
     return device.type in ("cpu", "cuda")
@@ -487,7 +514,7 @@ def step_table(args) -> None:
         pyro.clear_param_store()
         pyro.set_rng_seed(args.seed)
         x, y = net.data(DEVICE)
-        configs = configurations(net, DEVICE, x, y, fused)
+        configs = only(configurations(net, DEVICE, x, y, fused), args.only)
         medians = time_steps(configs, args.steps, args.rounds)
         memory = {}
         if args.memory:
@@ -501,7 +528,7 @@ def step_table(args) -> None:
         f"median over {args.rounds} rounds of {args.steps} steps ({args.clock} time), "
         f"configurations taking turns; "
         f"torch {torch.__version__}, pyro {pyro.__version__}, device {describe(DEVICE)}, "
-        f"{args.threads} thread(s)\n"
+        f"{args.threads} thread(s), {args.heap}\n"
     )
     for net, medians, memory in results:
         labels = list(medians)
@@ -516,6 +543,16 @@ def step_table(args) -> None:
                 row += f" {memory[label]:.1f} | {memory[label] / memory[labels[0]]:.2f}× |"
             print(row)
         print()
+
+
+def only(configs: dict[str, Callable], patterns: str | None) -> dict[str, Callable]:
+    """The reference and the configurations whose label contains one of ``patterns``."""
+    if not patterns:
+        return configs
+    wanted = [p for p in patterns.split("|") if p]
+    labels = list(configs)
+    keep = [labels[0]] + [k for k in labels[1:] if any(p in k for p in wanted)]
+    return {k: configs[k] for k in keep}
 
 
 def net_name_of(net: Net) -> str:
@@ -565,6 +602,18 @@ def main() -> None:
         "on a shared machine); wall: elapsed time (default, and needed, on CUDA)",
     )
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--steady-heap",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="pin glibc's trim and mmap thresholds for the timing (default), so page faults "
+        "that depend on the heap's layout fall on no configuration",
+    )
+    parser.add_argument(
+        "--only",
+        help="'|'-separated substrings: time only the configurations whose label contains one "
+        "(the reference is always kept), e.g. --only 'reference +|fit, MeanFieldGuide'",
+    )
     parser.add_argument("--memory-of", nargs=2, metavar=("NET", "LABEL"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -579,6 +628,8 @@ def main() -> None:
         pyro.set_rng_seed(args.seed)
         print(json.dumps({"mib": memory_of(*args.memory_of, args.memory_steps)}))
         return
+    heap = "glibc heap kept (see steady_heap)" if args.steady_heap and steady_heap() else None
+    args.heap = heap or "allocator's default heap"
     start = time.perf_counter()
     step_table(args)
     if args.throughput:

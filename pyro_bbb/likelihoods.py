@@ -42,6 +42,20 @@ class Likelihood(PyroModule):
         """The tensor to observe for targets ``y`` (``y`` itself unless a cast is needed)."""
         return y
 
+    def log_prob(self, output: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """The log-likelihood of each target: ``self(output).log_prob`` of the observation.
+
+        A subclass may compute the same values without building the distribution.
+
+        Args:
+            output: Network output ``(*sample, batch, out)``.
+            y: Targets ``(batch[, dim])``, already checked.
+
+        Returns:
+            Log-probabilities ``(*sample, batch)``, in nats.
+        """
+        return self(output).log_prob(self.as_observation(y, output))
+
     def check_target(self, y: torch.Tensor, num_outputs: int, *, values: bool = True) -> None:
         """Raise ``ValueError`` if ``y`` cannot be a target for this likelihood.
 
@@ -159,6 +173,15 @@ class Categorical(Likelihood):
 
     def forward(self, output: torch.Tensor) -> dist.TorchDistribution:  # noqa: D102
         return dist.Categorical(logits=output)
+
+    def log_prob(self, output: torch.Tensor, y: torch.Tensor) -> torch.Tensor:  # noqa: D102
+        # A log-softmax and a gather (F.cross_entropy's kernels), one pass each way, where
+        # the distribution normalises its logits by a logsumexp and a subtraction.
+        y = y.long()
+        if output.dim() == 2:
+            return -F.cross_entropy(output, y, reduction="none")
+        index = y.expand(output.shape[:-1]).unsqueeze(-1)
+        return F.log_softmax(output, dim=-1).gather(-1, index).squeeze(-1)
 
     def check_target(  # noqa: D102
         self, y: torch.Tensor, num_outputs: int, *, values: bool = True

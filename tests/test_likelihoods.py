@@ -162,6 +162,35 @@ def test_categorical_uses_the_outputs_as_logits():
     torch.testing.assert_close(d.log_prob(y), expected)
 
 
+@pytest.mark.parametrize("sample", [(), (3,), (2, 1)])
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.uint8])
+def test_categorical_log_prob_is_the_distributions_log_prob_without_building_it(sample, dtype):
+    torch.manual_seed(0)
+    output = torch.randn(*sample, 7, 5, dtype=torch.float64, requires_grad=True)
+    y = torch.randint(0, 5, (7,)).to(dtype)
+    lik = likelihoods.Categorical()
+    expected = torch.distributions.Categorical(logits=output).log_prob(y.long())
+    got = lik.log_prob(output, y)
+    assert got.shape == (*sample, 7)
+    torch.testing.assert_close(got, expected)
+    (grad,) = torch.autograd.grad(got.sum(), output)
+    (expected_grad,) = torch.autograd.grad(expected.sum(), output)
+    torch.testing.assert_close(grad, expected_grad)
+
+
+@pytest.mark.parametrize(
+    "lik, y",
+    [
+        (likelihoods.Gaussian(scale=0.3), torch.randn(6)),
+        (likelihoods.Bernoulli(), torch.randint(0, 2, (6,))),
+    ],
+)
+def test_likelihood_log_prob_defaults_to_the_distribution_of_the_observation(lik, y):
+    output = torch.randn(6, 1)
+    expected = lik(output).log_prob(lik.as_observation(y, output))
+    torch.testing.assert_close(lik.log_prob(output, y), expected)
+
+
 def test_bernoulli_with_one_output_gives_scalar_events():
     likelihood = likelihoods.Bernoulli()
     output = torch.randn(3, 5, 1)

@@ -194,12 +194,10 @@ class FusedELBO:
             layers = nullcontext() if self._op is None else _GivenSplits(self._op, draw.splits)
             with layers:
                 output = model.net(x)
-                fn = model.likelihood(output)
+            log_lik = model.likelihood.log_prob(output, y).sum()
         batch = x.shape[0]
-        log_lik = fn.log_prob(model.likelihood.as_observation(y, output))
         if batch != model.num_data:
             log_lik = log_lik * (model.num_data / batch)
-        log_lik = log_lik.sum()
         sites = {model.observation_site: log_lik, **draw.kl_terms}
         nll = -log_lik
         closed, sampled = draw.closed_kl, draw.sampled_kl
@@ -345,11 +343,13 @@ class _MeanFieldDraws(_Draws):
             else:
                 value = torch.addcmul(loc, _standard_normal((*sample, *site.shape), loc), scale)
                 values[site.name] = value
+            variance = scale.pow(2) if self.splits == "variance" else None
             if self.splits:
-                variance = scale.pow(2) if self.splits == "variance" else None
                 splits[site.name] = Split(loc, variance, value, sample[:1])
             if how[0] == "scalar":
-                term = kl_to_scalar_normal(loc, scale, how[1], how[2], event_dims=site.event_dims)
+                term = kl_to_scalar_normal(
+                    loc, scale, how[1], how[2], event_dims=site.event_dims, variance=variance
+                )
                 closed.append(term)
             else:
                 q = dist.Normal(loc, scale, validate_args=False).to_event(site.event_dims)

@@ -243,6 +243,10 @@ class FlipoutMessenger(_WeightNoiseMessenger):
         return flipout_affine(affine, x, weight, bias)
 
 
+def _sampled(split: Split | None) -> bool:
+    return split is not None and bool(split.sample_shape)
+
+
 def _noise_shape(
     affine: AffineMap, x: torch.Tensor, weight: Split, bias: Split | None, event: int
 ) -> torch.Size:
@@ -278,14 +282,18 @@ def local_affine(
         variance = None if b_var is None else affine.bias_view(b_var)
     if variance is None:
         return mean
-    noise = _noise_shape(affine, x, weight, bias, affine.output_event_dims)
-    shape = broadcast_shape(noise, variance.shape, mean.shape)
+    if variance.shape == mean.shape and not weight.sample_shape and not _sampled(bias):
+        shape = mean.shape  # one weight for every example: a draw per output (the usual case)
+    else:
+        noise = _noise_shape(affine, x, weight, bias, affine.output_event_dims)
+        shape = broadcast_shape(noise, variance.shape, mean.shape)
     # A pre-activation variance of exactly 0 (an all-zero input row into a layer whose
     # bias is deterministic) has sqrt' = inf, and inf * 0 poisons the gradient with NaN.
-    # Below the smallest normal float the clamp passes no gradient; the value it adds,
-    # sqrt(tiny) ~ 1e-19 (float32), is below float resolution of any activation.
-    std = variance.clamp_min(torch.finfo(variance.dtype).tiny).sqrt()
-    return mean + std * torch.randn(shape, dtype=mean.dtype, device=mean.device)
+    # Adding the smallest normal float keeps sqrt' finite there (and the zero row passes
+    # 0 on); it changes no variance above 1e-31 (float32), and sqrt(tiny) ~ 1e-19 is below
+    # the resolution of any activation. An addition's backward is free, a clamp's two passes.
+    std = (variance + torch.finfo(variance.dtype).tiny).sqrt()
+    return torch.addcmul(mean, std, torch.randn(shape, dtype=mean.dtype, device=mean.device))
 
 
 def flipout_affine(

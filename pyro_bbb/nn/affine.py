@@ -102,6 +102,8 @@ class LinearMap(AffineMap):
     def __call__(  # noqa: D102 (documented on AffineMap)
         self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     ) -> torch.Tensor:
+        if weight.dim() == 2 and (bias is None or bias.dim() == 1):
+            return F.linear(x, weight, bias)  # a plain weight, as nn.Linear (the usual case)
         w_sample = sample_shape(weight, 2)
         b_sample = () if bias is None else sample_shape(bias, 1)
         if math.prod(w_sample) == 1 and math.prod(b_sample) == 1:

@@ -12,6 +12,7 @@ from pyro_bbb.infer.kl import (
     diagonal_normal_kl,
     kl_diagonal_low_rank,
     kl_low_rank_low_rank,
+    kl_to_scalar_normal,
 )
 from pyro_bbb.priors import ScaleMixture
 
@@ -60,6 +61,27 @@ def test_diagonal_normal_kl_gradients_match_torch():
         grads.append(torch.autograd.grad(kl(q, prior), (loc, rho)))
     for fast, general in zip(*grads, strict=True):
         torch.testing.assert_close(fast, general)
+
+
+@pytest.mark.parametrize("shape", [(7,), (4, 6), (2, 3, 5)])
+@pytest.mark.parametrize("prior", [(0.0, 1.0), (0.3, 0.5)])
+def test_kl_to_scalar_normal_equals_torch_with_or_without_the_callers_variance(shape, prior):
+    torch.manual_seed(0)
+    loc = torch.randn(shape, dtype=torch.float64, requires_grad=True)
+    rho = torch.randn(shape, dtype=torch.float64, requires_grad=True)
+    m, s = prior
+    expected = kl_divergence(
+        dist.Normal(loc, torch.nn.functional.softplus(rho)).to_event(len(shape)),
+        dist.Normal(m, s).expand(shape).to_event(len(shape)),
+    )
+    grads = torch.autograd.grad(expected, (loc, rho))
+    for given_variance in (False, True):
+        scale = torch.nn.functional.softplus(rho)
+        variance = scale.square() if given_variance else None
+        kl = kl_to_scalar_normal(loc, scale, m, s, event_dims=len(shape), variance=variance)
+        torch.testing.assert_close(kl, expected)
+        for got, want in zip(torch.autograd.grad(kl, (loc, rho)), grads, strict=True):
+            torch.testing.assert_close(got, want)
 
 
 def test_diagonal_normal_kl_declines_what_it_does_not_cover():
