@@ -36,7 +36,7 @@ classification (N=60000, batch 128); with ``--throughput``: ``wide`` 784-1200-12
 (batch 1024) and ``conv``, a small ConvNet on 28x28 images (batch 256), in examples/s.
 
     python benchmarks/steptime.py [--nets small,large] [--threads 1] [--device cpu|cuda]
-        [--steps 10] [--rounds 8] [--memory/--no-memory] [--throughput]
+        [--steps 10] [--rounds 8] [--memory/--no-memory] [--throughput] [--only LowRank]
 """
 
 from __future__ import annotations
@@ -396,6 +396,16 @@ def configurations(net: Net, device: torch.device, x, y, fused: bool) -> dict[st
     return configs
 
 
+def only(configs: dict[str, Callable], patterns: str | None) -> dict[str, Callable]:
+    """The reference and the configurations whose label contains one of ``patterns``."""
+    if not patterns:
+        return configs
+    wanted = [p.strip() for p in patterns.split(",") if p.strip()]
+    labels = list(configs)
+    keep = [labels[0], *(k for k in labels[1:] if any(p in k for p in wanted))]
+    return {label: configs[label] for label in keep}
+
+
 # ----------------------------------------------------------------------------- measuring
 DEVICE = torch.device("cpu")
 clock: Callable[[], float] = time.process_time
@@ -487,7 +497,7 @@ def step_table(args) -> None:
         pyro.clear_param_store()
         pyro.set_rng_seed(args.seed)
         x, y = net.data(DEVICE)
-        configs = configurations(net, DEVICE, x, y, fused)
+        configs = only(configurations(net, DEVICE, x, y, fused), args.only)
         medians = time_steps(configs, args.steps, args.rounds)
         memory = {}
         if args.memory:
@@ -557,6 +567,11 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
     parser.add_argument("--memory", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--memory-steps", type=int, default=5)
+    parser.add_argument(
+        "--only",
+        help="comma-separated substrings: time only the configurations whose label holds one "
+        "(the reference is always kept), e.g. --only 'LowRank,reparam=None'",
+    )
     parser.add_argument("--throughput", action="store_true", help="add the wide MLP and ConvNet")
     parser.add_argument(
         "--clock",
