@@ -400,7 +400,7 @@ def only(configs: dict[str, Callable], patterns: str | None) -> dict[str, Callab
     """The reference and the configurations whose label contains one of ``patterns``."""
     if not patterns:
         return configs
-    wanted = [p.strip() for p in patterns.split(",") if p.strip()]
+    wanted = [p for p in patterns.split("|") if p]
     labels = list(configs)
     keep = [labels[0], *(k for k in labels[1:] if any(p in k for p in wanted))]
     return {label: configs[label] for label in keep}
@@ -569,8 +569,8 @@ def main() -> None:
     parser.add_argument("--memory-steps", type=int, default=5)
     parser.add_argument(
         "--only",
-        help="comma-separated substrings: time only the configurations whose label holds one "
-        "(the reference is always kept), e.g. --only 'LowRank,reparam=None'",
+        help="substrings separated by |: time only the configurations whose label holds one "
+        "(the reference is always kept), e.g. --only 'LowRankGuide(rank=4), reparam|bare'",
     )
     parser.add_argument("--throughput", action="store_true", help="add the wide MLP and ConvNet")
     parser.add_argument(
