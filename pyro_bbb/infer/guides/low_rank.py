@@ -228,6 +228,25 @@ class LowRankGuide(GaussianGuide):
                 )
         return result
 
+    # -- files written by earlier versions
+    def legacy_parameters(self) -> dict[str, tuple[str, Callable[[torch.Tensor], torch.Tensor]]]:
+        r"""Parameters that files of earlier versions hold under another name or layout.
+
+        Earlier versions stored the factor :math:`V` itself, ``<name>.factors.<block>``
+        ``(*members, d, rank)``; it is now :math:`V^\top`, ``<name>.factors_t.<block>``
+        ``(*members, rank, d)``. :func:`~pyro_bbb.load` and ``fit(resume=...)`` convert such
+        a file as they read it (the optimiser's state of the factor too).
+
+        Returns:
+            ``{old name in Pyro's param store: (new name, conversion of a saved tensor)}``.
+        """
+        self._require_setup()
+        prefix = self.factors_t._pyro_name.removesuffix("factors_t")
+        return {
+            f"{prefix}factors.{block.name}": (f"{prefix}factors_t.{block.name}", _transposed)
+            for block in self._blocks
+        }
+
     # -- summaries
     @property
     def block_names(self) -> list[str]:
@@ -269,3 +288,8 @@ class LowRankGuide(GaussianGuide):
                     scale[..., piece.start : piece.stop].reshape(*self.member_shape, *piece.shape),
                 )
         return result
+
+
+def _transposed(factor: torch.Tensor) -> torch.Tensor:
+    """``(..., d, rank)`` to ``(..., rank, d)``, contiguous."""
+    return factor.mT.contiguous()
