@@ -48,7 +48,7 @@ from ..likelihoods import Bernoulli, Categorical, Gaussian
 from ..model import BNN
 from ..nn.affine import AffineMap
 from ..nn.layers import BayesianAffine
-from ._factor_terms import FactorTerms
+from ._low_rank_block import LowRankBlock
 from .elbo import AnnealedELBO, ELBOTerms
 from .guides import LowRankGuide, MeanFieldGuide
 from .guides._init import scale_from_rho
@@ -430,11 +430,12 @@ class _LowRankDraws(_Draws):
             eps_factor = _standard_normal((*sample, guide.rank), loc)
             if priors is not None:
                 groups = self._prior_groups(block, priors)
-                shared, factor_part = FactorTerms.apply(
+                shared, twice_kl = LowRankBlock.apply(
                     loc,
                     scale,
                     factor_t,
                     eps_factor,
+                    _prior_locs([m for _, (m, _) in groups], loc),
                     _coefficients([s for _, (_, s) in groups], loc),
                     tuple(n for n, _ in groups),
                 )
@@ -455,7 +456,7 @@ class _LowRankDraws(_Draws):
                     variance = None if variances is None else variances[k].reshape(piece.shape)
                     splits[piece.site] = Split(mean, variance, value, sample[:1])
             if priors is not None:
-                term = self._closed_kl(block, loc, scale, factor_part, groups)
+                term = _closed_kl(block, twice_kl, groups)
                 kl_terms[block.aux_site] = term
                 closed.append(term)
             else:
@@ -481,30 +482,34 @@ class _LowRankDraws(_Draws):
     def _distribution(self, loc, scale, factor_t) -> dist.TorchDistribution:
         return dist.LowRankMultivariateNormal(loc, factor_t.mT, scale.pow(2), validate_args=False)
 
-    def _closed_kl(self, block, loc, scale, factor_part, groups) -> torch.Tensor:
-        r""":math:`\mathrm{KL}(\mathcal{N}(\mu, D + VV^\top) \| \prod_j \mathcal{N}(m_j, s_j^2))`.
 
-        .. math::
+def _closed_kl(block, twice_kl: torch.Tensor, groups: list[tuple[int, tuple]]) -> torch.Tensor:
+    r""":math:`\mathrm{KL}(\mathcal{N}(\mu, D + VV^\top) \| \prod_j \mathcal{N}(m_j, s_j^2))`.
 
-            \tfrac12\Big[\sum_j \frac{\sum_{i \in j} D_i + \lVert V_i \rVert^2
-                + (\mu_i - m_j)^2}{s_j^2} + n_j \log s_j^2 - d
-                - \log\det(D + VV^\top)\Big]
+    .. math::
 
-        site by site :math:`j` of the block, with :math:`\log\det(D + VV^\top) =
-        \sum_i \log D_i + \log\det(I_r + V^\top D^{-1} V)` (the matrix determinant lemma):
-        :math:`O(d r^2)`, no :math:`d \times d` matrix. ``factor_part`` is the terms in
-        :math:`V`, :math:`\sum_j \lVert V_j \rVert^2 / s_j^2 - \log\det(I_r + V^\top D^{-1}
-        V)`, from :class:`~pyro_bbb.infer._factor_terms.FactorTerms`.
-        """
-        total = factor_part - block.size - 2 * scale.log().sum()
-        sizes = [n for n, _ in groups]
-        parts = zip(loc.split(sizes), scale.split(sizes), strict=True)
-        for (mean, std), (_, (m, s)) in zip(parts, groups, strict=True):
-            deviation = mean if isinstance(m, float) and m == 0.0 else mean - m
-            spread = (std.square() + deviation.square()).sum()
-            log_s = s.log() if isinstance(s, torch.Tensor) else math.log(s)
-            total = total + spread / (s * s) + mean.numel() * 2 * log_s
-        return 0.5 * total
+        \tfrac12\Big[\sum_j \frac{\sum_{i \in j} D_i + \lVert V_i \rVert^2
+            + (\mu_i - m_j)^2}{s_j^2} + n_j \log s_j^2 - d
+            - \log\det(D + VV^\top)\Big]
+
+    site by site :math:`j` of the block: ``twice_kl`` is all but the constants
+    :math:`n_j \log s_j^2 - d`, from :class:`~pyro_bbb.infer._low_rank_block.LowRankBlock`
+    (with :math:`\log\det(D + VV^\top) = \sum_i \log D_i + \log\det(I_r + V^\top D^{-1} V)`,
+    the matrix determinant lemma: :math:`O(d r^2)`, no :math:`d \times d` matrix).
+    """
+    total = twice_kl - block.size
+    for n, (_, s) in groups:
+        total = total + n * 2 * (s.log() if isinstance(s, torch.Tensor) else math.log(s))
+    return 0.5 * total
+
+
+def _prior_locs(locs: list, like: torch.Tensor) -> torch.Tensor | None:
+    """Each group's prior mean as one tensor, or ``None`` when every one is the number 0."""
+    if all(isinstance(m, float) and m == 0.0 for m in locs):
+        return None
+    if all(isinstance(m, float) for m in locs):
+        return like.new_tensor(locs)
+    return torch.stack([torch.as_tensor(m, dtype=like.dtype, device=like.device) for m in locs])
 
 
 def _coefficients(scales: list, like: torch.Tensor) -> torch.Tensor:
