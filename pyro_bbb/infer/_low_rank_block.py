@@ -81,10 +81,12 @@ class LowRankBlock(torch.autograd.Function):
         """
         rank, size = factor_t.shape
         flat = eps.reshape(-1, rank)
+        # a tensor of its own, not a view, so that the caller may add the diagonal part in place
+        shared = loc.new_empty(*eps.shape[:-1], size)
         if flat.shape[0] == 1:
-            shared = torch.addmv(loc, factor_t.mT, flat[0])
+            torch.addmv(loc, factor_t.mT, flat[0], out=shared.view(size))
         else:
-            shared = torch.addmm(loc, flat, factor_t)
+            torch.addmm(loc, flat, factor_t, out=shared.view(-1, size))
         tril = torch.linalg.cholesky(_capacitance(factor_t, scale.reciprocal()))
         log_det = 2 * (scale.log().sum() + tril.diagonal().log().sum())
         squares = []
@@ -100,7 +102,7 @@ class LowRankBlock(torch.autograd.Function):
         )
         ctx.sizes = sizes
         ctx.set_materialize_grads(False)
-        return shared.reshape(*eps.shape[:-1], size), (coefs * squares).sum() - log_det
+        return shared, (coefs * squares).sum() - log_det
 
     @staticmethod
     def backward(

@@ -441,7 +441,10 @@ class _LowRankDraws(_Draws):
                 )
             else:
                 shared = loc + eps_factor @ factor_t
-            theta = torch.addcmul(shared, scale, eps_diag)
+            if self.splits:  # the estimator reads μ + Vε₂ as well
+                theta = torch.addcmul(shared, scale, eps_diag)
+            else:  # into the draw's own buffer: one buffer of the block's size fewer
+                theta = shared.addcmul_(scale, eps_diag)
             # one split, not a slice per site: its backward writes each gradient once
             sizes = [piece.stop - piece.start for piece in block.slices]
             pieces = theta.split(sizes, dim=-1)
