@@ -441,7 +441,12 @@ class _LowRankDraws(_Draws):
                 )
             else:
                 shared = loc + eps_factor @ factor_t
-            if self.splits:  # the estimator reads μ + Vε₂ as well
+            # Local reparameterisation reads μ + Vε₂ and σ² only: with a closed-form KL the
+            # draw θ is not formed (ε₁ is still drawn, as the traced guide draws it).
+            unused = self.splits == "variance" and priors is not None
+            if unused:
+                theta = shared
+            elif self.splits:  # the estimator reads μ + Vε₂ as well
                 theta = torch.addcmul(shared, scale, eps_diag)
             else:  # into the draw's own buffer: one buffer of the block's size fewer
                 theta = shared.addcmul_(scale, eps_diag)
@@ -453,7 +458,9 @@ class _LowRankDraws(_Draws):
                 variances = scale.pow(2).split(sizes) if self.splits == "variance" else None
             for k, piece in enumerate(block.slices):
                 value = pieces[k].reshape(*theta.shape[:-1], *piece.shape)
-                values[piece.site] = value
+                values[piece.site] = value  # under `unused`, replaced by the estimator
+                if unused:
+                    value = None
                 if self.splits:
                     mean = means[k].reshape(*shared.shape[:-1], *piece.shape)
                     variance = None if variances is None else variances[k].reshape(piece.shape)
