@@ -19,10 +19,12 @@ layer's weight, its bias), the fused step needs
 
 On a large layer each pass over :math:`U` costs as much as the rest of a mean-field step's
 per-weight work, and every fresh buffer the size of the layer costs page faults on top.
-Left to autograd these terms take about a dozen passes over :math:`U`, six fresh
+Left to autograd these terms take about 25 passes over :math:`U` a step and six fresh
 ``(r, d)`` buffers (the scaled copy :math:`UD^{-1/2}` kept for backward, the Gram product's
-two gradients, the norm's gradient, the draw's outer product, their sums) and as many of
-size ``d``. Their gradients have closed forms,
+two gradients, the norm's gradient, the draw's outer product, their sums), and as many of
+size ``d``; here the forward reads :math:`U` three times (the draw, the capacitance, the
+norms) and the backward makes eleven passes into the one new gradient buffer. The
+gradients have closed forms,
 
 .. math::
 
