@@ -17,8 +17,9 @@ layer's weight, its bias), the fused step needs
   with :math:`\log\det(D + VV^\top) = \sum_i \log\sigma_i^2 + \log\det C` by the matrix
   determinant lemma, :math:`C = I_r + U D^{-1} U^\top`.
 
-On a large layer each pass over :math:`U` costs as much as the rest of a mean-field step's
-per-weight work, and every fresh buffer the size of the layer costs page faults on top.
+On a large layer the step is bound by memory traffic: a pass over :math:`U` moves ``r``
+times the numbers of a pass over the weights, and every fresh buffer of that size costs page
+faults on top.
 Left to autograd these terms take about 25 passes over :math:`U` a step and six fresh
 ``(r, d)`` buffers (the scaled copy :math:`UD^{-1/2}` kept for backward, the Gram product's
 two gradients, the norm's gradient, the draw's outer product, their sums), and as many of
