@@ -401,6 +401,16 @@ def configurations(net: Net, device: torch.device, x, y, fused: bool) -> dict[st
     return configs
 
 
+def only(configs: dict[str, Callable], patterns: str | None) -> dict[str, Callable]:
+    """The reference and the configurations whose label contains one of ``patterns``."""
+    if not patterns:
+        return configs
+    wanted = [p for p in patterns.split("|") if p]
+    labels = list(configs)
+    keep = [labels[0], *(k for k in labels[1:] if any(p in k for p in wanted))]
+    return {label: configs[label] for label in keep}
+
+
 # ----------------------------------------------------------------------------- measuring
 DEVICE = torch.device("cpu")
 clock: Callable[[], float] = time.process_time
@@ -545,16 +555,6 @@ def step_table(args) -> None:
         print()
 
 
-def only(configs: dict[str, Callable], patterns: str | None) -> dict[str, Callable]:
-    """The reference and the configurations whose label contains one of ``patterns``."""
-    if not patterns:
-        return configs
-    wanted = [p for p in patterns.split("|") if p]
-    labels = list(configs)
-    keep = [labels[0]] + [k for k in labels[1:] if any(p in k for p in wanted)]
-    return {k: configs[k] for k in keep}
-
-
 def net_name_of(net: Net) -> str:
     return next(name for name, candidate in NETS.items() if candidate is net)
 
@@ -594,6 +594,11 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
     parser.add_argument("--memory", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--memory-steps", type=int, default=5)
+    parser.add_argument(
+        "--only",
+        help="substrings separated by |: time only the configurations whose label holds one "
+        "(the reference is always kept), e.g. --only 'LowRankGuide(rank=4), reparam|bare'",
+    )
     parser.add_argument("--throughput", action="store_true", help="add the wide MLP and ConvNet")
     parser.add_argument(
         "--clock",
@@ -608,11 +613,6 @@ def main() -> None:
         default=True,
         help="pin glibc's trim and mmap thresholds for the timing (default), so page faults "
         "that depend on the heap's layout fall on no configuration",
-    )
-    parser.add_argument(
-        "--only",
-        help="'|'-separated substrings: time only the configurations whose label contains one "
-        "(the reference is always kept), e.g. --only 'reference +|fit, MeanFieldGuide'",
     )
     parser.add_argument("--memory-of", nargs=2, metavar=("NET", "LABEL"), help=argparse.SUPPRESS)
     args = parser.parse_args()

@@ -72,6 +72,7 @@ def exact_guide(model, x, y, mean, covariance, shrink=1.0, name=None):
         guide.locs.network.copy_(mean)
         sd = torch.full_like(mean, floor).sqrt() * shrink - guide.min_scale
         guide.rhos.network.copy_(torch.log(torch.expm1(sd)))
-        guide.factors.network.copy_(torch.linalg.cholesky(covariance - floor * identity) * shrink)
+        factor = torch.linalg.cholesky(covariance - floor * identity) * shrink
+        guide.factors_t.network.copy_(factor.mT)
     assert torch.allclose(guide.covariance("network"), shrink**2 * covariance)
     return guide

@@ -120,6 +120,14 @@ class Ensemble(PyroModule):
         """The members' prototype trace, ``None`` before the first call."""
         return self.members.prototype_trace
 
+    def legacy_parameters(self) -> dict[str, tuple[str, Callable[[torch.Tensor], torch.Tensor]]]:
+        """The members' parameters that files of earlier versions hold otherwise.
+
+        See :meth:`LowRankGuide.legacy_parameters <pyro_bbb.LowRankGuide.legacy_parameters>`.
+        """
+        legacy = getattr(self.members, "legacy_parameters", None)
+        return {} if legacy is None else legacy()
+
     def members_plate(self) -> pyro.plate:
         """The plate over members, at dim ``-(max_plate_nesting + 1)``."""
         return pyro.plate(self.plate_name, self.num_members, dim=-(self.model_plate_nesting + 1))

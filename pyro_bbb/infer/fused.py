@@ -48,6 +48,7 @@ from ..likelihoods import Bernoulli, Categorical, Gaussian
 from ..model import BNN
 from ..nn.affine import AffineMap
 from ..nn.layers import BayesianAffine
+from ._low_rank_block import LowRankBlock
 from .elbo import AnnealedELBO, ELBOTerms
 from .guides import LowRankGuide, MeanFieldGuide
 from .guides._init import scale_from_rho
@@ -366,7 +367,8 @@ class _MeanFieldDraws(_Draws):
 class _LowRankDraws(_Draws):
     r""":class:`~pyro_bbb.LowRankGuide`: a block's draw, sliced into its sites.
 
-    :math:`\theta = \mu + V\varepsilon_2 + D^{1/2}\varepsilon_1` per block.
+    :math:`\theta = \mu + V\varepsilon_2 + D^{1/2}\varepsilon_1` per block, from the guide's
+    :math:`V^\top`, ``(rank, d)``: every product below runs along rows of length ``d``.
     """
 
     def __init__(self, guide: LowRankGuide, sites: dict[str, _Site], elbo: AnnealedELBO):
@@ -376,7 +378,7 @@ class _LowRankDraws(_Draws):
             (
                 ParamRef(guide.locs, block.name),
                 ParamRef(guide.rhos, block.name),
-                ParamRef(guide.factors, block.name),
+                ParamRef(guide.factors_t, block.name),
             )
             for block in self._blocks
         ]
@@ -422,16 +424,32 @@ class _LowRankDraws(_Draws):
         values, splits, kl_terms = {}, {}, {}
         closed, sampled = [], []
         for block, refs in zip(self._blocks, self._refs, strict=True):
-            loc, rho, factor = (ref.module_value() for ref in refs)
-            # V is (d, r); every product below runs along d, which is several times faster
-            # on the transposed copy (rows of length d) than on r-wide rows.
-            factor_t = factor.mT.contiguous()
+            loc, rho, factor_t = (ref.module_value() for ref in refs)
             scale = scale_from_rho(rho, guide.min_scale)
-            size = block.size
-            eps_diag = _standard_normal((*sample, size), loc)
+            eps_diag = _standard_normal((*sample, block.size), loc)
             eps_factor = _standard_normal((*sample, guide.rank), loc)
-            shared = loc + eps_factor @ factor_t
-            theta = torch.addcmul(shared, scale, eps_diag)
+            if priors is not None:
+                groups = self._prior_groups(block, priors)
+                shared, twice_kl = LowRankBlock.apply(
+                    loc,
+                    scale,
+                    factor_t,
+                    eps_factor,
+                    _prior_locs([m for _, (m, _) in groups], loc),
+                    _coefficients([s for _, (_, s) in groups], loc),
+                    tuple(n for n, _ in groups),
+                )
+            else:
+                shared = loc + eps_factor @ factor_t
+            # Local reparameterisation reads μ + Vε₂ and σ² only: with a closed-form KL the
+            # draw θ is not formed (ε₁ is still drawn, as the traced guide draws it).
+            unused = self.splits == "variance" and priors is not None
+            if unused:
+                theta = shared
+            elif self.splits:  # the estimator reads μ + Vε₂ as well
+                theta = torch.addcmul(shared, scale, eps_diag)
+            else:  # into the draw's own buffer: one buffer of the block's size fewer
+                theta = shared.addcmul_(scale, eps_diag)
             # one split, not a slice per site: its backward writes each gradient once
             sizes = [piece.stop - piece.start for piece in block.slices]
             pieces = theta.split(sizes, dim=-1)
@@ -440,17 +458,19 @@ class _LowRankDraws(_Draws):
                 variances = scale.pow(2).split(sizes) if self.splits == "variance" else None
             for k, piece in enumerate(block.slices):
                 value = pieces[k].reshape(*theta.shape[:-1], *piece.shape)
-                values[piece.site] = value
+                values[piece.site] = value  # under `unused`, replaced by the estimator
+                if unused:
+                    value = None
                 if self.splits:
                     mean = means[k].reshape(*shared.shape[:-1], *piece.shape)
                     variance = None if variances is None else variances[k].reshape(piece.shape)
                     splits[piece.site] = Split(mean, variance, value, sample[:1])
             if priors is not None:
-                term = self._closed_kl(block, loc, scale, factor, factor_t, priors)
+                term = _closed_kl(block, twice_kl, groups)
                 kl_terms[block.aux_site] = term
                 closed.append(term)
             else:
-                q = self._distribution(loc, scale, factor)
+                q = self._distribution(loc, scale, factor_t)
                 log_q = q.log_prob(theta).sum()
                 kl_terms[block.aux_site] = log_q
                 sampled.append(log_q)
@@ -461,41 +481,54 @@ class _LowRankDraws(_Draws):
                     sampled.append(term)
         return _Draw(values, splits, kl_terms, _total(closed), _total(sampled))
 
-    def _distribution(self, loc, scale, factor) -> dist.TorchDistribution:
-        return dist.LowRankMultivariateNormal(loc, factor, scale.pow(2), validate_args=False)
-
-    def _closed_kl(self, block, loc, scale, factor, factor_t, priors) -> torch.Tensor:
-        r""":math:`\mathrm{KL}(\mathcal{N}(\mu, D + VV^\top) \| \prod_j \mathcal{N}(m_j, s_j^2))`.
-
-        .. math::
-
-            \tfrac12\Big[\sum_j \frac{\sum_{i \in j} D_i + \lVert V_i \rVert^2
-                + (\mu_i - m_j)^2}{s_j^2} + n_j \log s_j^2 - d
-                - \log\det(D + VV^\top)\Big]
-
-        site by site :math:`j` of the block, with :math:`\log\det(D + VV^\top) =
-        \sum_i \log D_i + \log\det(I_r + V^\top D^{-1} V)` (the matrix determinant lemma):
-        :math:`O(d r^2)`, no :math:`d \times d` matrix. ``factor`` is :math:`V`, ``(d, r)``,
-        and ``factor_t`` its transposed copy, ``(r, d)``.
-        """
-        whitened = factor_t * scale.reciprocal()  # V^T D^{-1/2}, (r, d)
-        capacitance = whitened @ whitened.mT
-        capacitance = capacitance + torch.eye(
-            capacitance.shape[-1], dtype=capacitance.dtype, device=capacitance.device
-        )
-        tril = torch.linalg.cholesky(capacitance)
-        log_det = 2 * scale.log().sum() + 2 * tril.diagonal().log().sum()
-        total = -block.size - log_det
+    @staticmethod
+    def _prior_groups(block, priors) -> list[tuple[int, tuple]]:
+        """``[(size, (m, s))]``: the whole block if its sites share a prior, else each site."""
         pairs = [priors[piece.site] for piece in block.slices]
         if all(pair is pairs[0] or pair == pairs[0] for pair in pairs):
-            groups = [((loc, scale, factor), pairs[0])]  # one prior: no slicing
-        else:
-            sizes = [piece.stop - piece.start for piece in block.slices]
-            parts = zip(loc.split(sizes), scale.split(sizes), factor.split(sizes), strict=True)
-            groups = list(zip(parts, pairs, strict=True))
-        for (mean, std, rows), (m, s) in groups:
-            deviation = mean if isinstance(m, float) and m == 0.0 else mean - m
-            spread = (std.square() + deviation.square()).sum() + rows.square().sum()
-            log_s = s.log() if isinstance(s, torch.Tensor) else math.log(s)
-            total = total + spread / (s * s) + mean.numel() * 2 * log_s
-        return 0.5 * total
+            return [(block.size, pairs[0])]  # one prior: no slicing
+        return [(p.stop - p.start, pair) for p, pair in zip(block.slices, pairs, strict=True)]
+
+    def _distribution(self, loc, scale, factor_t) -> dist.TorchDistribution:
+        return dist.LowRankMultivariateNormal(loc, factor_t.mT, scale.pow(2), validate_args=False)
+
+
+def _closed_kl(block, twice_kl: torch.Tensor, groups: list[tuple[int, tuple]]) -> torch.Tensor:
+    r""":math:`\mathrm{KL}(\mathcal{N}(\mu, D + VV^\top) \| \prod_j \mathcal{N}(m_j, s_j^2))`.
+
+    .. math::
+
+        \tfrac12\Big[\sum_j \frac{\sum_{i \in j} D_i + \lVert V_i \rVert^2
+            + (\mu_i - m_j)^2}{s_j^2} + n_j \log s_j^2 - d
+            - \log\det(D + VV^\top)\Big]
+
+    site by site :math:`j` of the block: ``twice_kl`` is all but the constants
+    :math:`n_j \log s_j^2 - d`, from :class:`~pyro_bbb.infer._low_rank_block.LowRankBlock`
+    (with :math:`\log\det(D + VV^\top) = \sum_i \log D_i + \log\det(I_r + V^\top D^{-1} V)`,
+    the matrix determinant lemma: :math:`O(d r^2)`, no :math:`d \times d` matrix).
+    """
+    total = twice_kl - block.size
+    for n, (_, s) in groups:
+        total = total + n * 2 * (s.log() if isinstance(s, torch.Tensor) else math.log(s))
+    return 0.5 * total
+
+
+def _prior_locs(locs: list, like: torch.Tensor) -> torch.Tensor | None:
+    """Each group's prior mean as one tensor, or ``None`` when every one is the number 0."""
+    if all(isinstance(m, float) and m == 0.0 for m in locs):
+        return None
+    if all(isinstance(m, float) for m in locs):
+        return like.new_tensor(locs)
+    return torch.stack([torch.as_tensor(m, dtype=like.dtype, device=like.device) for m in locs])
+
+
+def _coefficients(scales: list, like: torch.Tensor) -> torch.Tensor:
+    """``1 / s²`` of each group's prior scale, one tensor (its gradient flows to a tensor s)."""
+    if all(isinstance(s, float) for s in scales):
+        return like.new_tensor([1.0 / (s * s) for s in scales])
+    return torch.stack(
+        [
+            torch.as_tensor(s, dtype=like.dtype, device=like.device).square().reciprocal()
+            for s in scales
+        ]
+    )

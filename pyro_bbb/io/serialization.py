@@ -126,19 +126,53 @@ def capture(model, guide, named: Mapping[str, torch.Tensor], args: tuple, kwargs
     }
 
 
-def match(payload: Mapping, model, guide, named: Mapping[str, torch.Tensor], where: str) -> list:
+def match(payload: dict, model, guide, named: Mapping[str, torch.Tensor], where: str) -> list:
     """Check a file against model and guide; the ``(target, saved value)`` pairs to copy.
+
+    A file written by an earlier version is first brought to this version's layout, in
+    place (:func:`upgrade`).
 
     Raises:
         ValueError: On the first mismatched site, parameter or buffer (its name and both
             shapes, or both dtypes); ``where`` (e.g. ``"path='m.pt'"``) starts the message.
     """
+    upgrade(payload, guide)
     _check_sites(payload["sites"], _latent_sites(guide), where, complete=True)
     pairs = _pairs("parameter", payload["params"], named, where)
     for owner, module in (("model", model), ("guide", guide)):
         saved = payload["buffers"].get(owner, {})
         pairs += _pairs(f"{owner} buffer", saved, _buffers(module, detach=False), where)
     return pairs
+
+
+def upgrade(payload: dict, guide) -> None:
+    """Rename and convert, in place, the parameters an earlier version stored otherwise.
+
+    The guide names them (``guide.legacy_parameters()``: ``{old name: (new name,
+    conversion)}``, e.g. :meth:`LowRankGuide.legacy_parameters
+    <pyro_bbb.LowRankGuide.legacy_parameters>`). In a checkpoint the parameter's name among
+    the trained ones is renamed too, and its optimiser state converted (each tensor of the
+    parameter's old shape, e.g. Adam's moments): the optimiser's state is numbered in the
+    order of the trained parameters, the order in which ``fit`` hands them to it.
+    """
+    legacy = getattr(guide, "legacy_parameters", None)
+    if legacy is None or getattr(guide, "prototype_trace", None) is None:
+        return
+    params = payload["params"]
+    trained = payload.get("trainable", [])
+    states = payload.get("optimizer", {}).get("state", {})
+    for old, (new, convert) in legacy().items():
+        if old not in params or new in params:
+            continue
+        value = params.pop(old)
+        params[new] = convert(value)
+        if old in trained:
+            index = trained.index(old)
+            trained[index] = new
+            state = states.get(index, {})
+            for key, saved in state.items():
+                if isinstance(saved, torch.Tensor) and saved.shape == value.shape:
+                    state[key] = convert(saved)
 
 
 @torch.no_grad()

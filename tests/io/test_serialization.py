@@ -13,6 +13,7 @@ import torch
 from pyro.infer.autoguide import AutoNormal
 
 import pyro_bbb as bbb
+from pyro_bbb.training.lr_schedules import CosineDecay
 
 from ..support import REPO, requires_cuda
 
@@ -220,3 +221,69 @@ def test_a_model_saved_on_the_cpu_loads_onto_cuda(tmp_path):
     bbb.load(tmp_path / "bnn.pt", model, guide)
     after = bbb.predict(model, guide, X_TEST.cuda(), num_samples=20, seed=0).mean
     assert torch.allclose(after.cpu(), before, atol=1e-5)
+
+
+# --- files of earlier versions ----------------------------------------------------------------
+# Written by tests/io/data/make_low_rank_v1.py with the version that stored a LowRankGuide's
+# factor V as `factors.<block>`, (d, rank); it is now V^T, `factors_t.<block>`, (rank, d).
+DATA = REPO / "tests" / "io" / "data"
+V1 = {"N": 40, "sizes": [1, 8, 1]}
+
+
+def _v1_data():
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(V1["N"], 1, generator=g) * 4 - 2
+    return x, torch.sin(2 * x.squeeze(-1)) + 0.1 * torch.randn(V1["N"], generator=g)
+
+
+def _v1_fresh(kind, seed=0):
+    pyro.clear_param_store()
+    torch.manual_seed(seed)
+    model = bbb.BNN(bbb.mlp(V1["sizes"], activation="tanh"), bbb.likelihoods.Gaussian(), V1["N"])
+    if kind == "ensemble":
+        return model, bbb.Ensemble(model, lambda m: bbb.LowRankGuide(m, rank=2), k=2)
+    return model, bbb.LowRankGuide(model, rank=2)
+
+
+def _v1_fit(model, guide, epochs, **options):
+    schedules = {"beta": bbb.infer.LinearWarmup(3), "lr_schedule": CosineDecay(4, start=0.2)}
+    return bbb.fit(model, guide, *_v1_data(), epochs=epochs, batch_size=10, seed=0,
+                   progress=False, **schedules, **options)  # fmt: skip
+
+
+def _as_now(name, value):
+    """A parameter of the old layout under its name and layout now."""
+    if ".factors." in name:
+        return name.replace(".factors.", ".factors_t."), value.mT
+    return name, value
+
+
+def test_a_low_rank_guide_saved_with_its_factor_untransposed_loads_converted():
+    path = DATA / "low_rank_v1_model.pt"
+    saved = torch.load(path, weights_only=True)["params"]
+    assert saved["LowRankGuide.factors.0"].shape == (16, 2)  # V, (d, rank): the old layout
+    model, guide = _v1_fresh("guide", seed=123)  # another initialisation: load replaces it
+    bbb.load(path, model, guide)
+
+    assert _store().keys() == {_as_now(name, value)[0] for name, value in saved.items()}
+    for name, value in saved.items():
+        now, expected = _as_now(name, value)
+        assert torch.equal(pyro.param(now).unconstrained().detach(), expected), name
+    # what that version predicted from the same file
+    predictions = torch.load(DATA / "low_rank_v1_expected.pt", weights_only=True)["predictions"]
+    samples = bbb.predict(model, guide, X_TEST, num_samples=20, seed=0).samples
+    torch.testing.assert_close(samples, predictions)
+
+
+@pytest.mark.parametrize("kind", ["guide", "ensemble"])
+def test_a_checkpoint_with_the_factor_untransposed_resumes_as_the_fit_it_was_cut_from(kind):
+    # the old version's fit of 4 epochs; its checkpoint after 2, resumed here to 4: the
+    # optimiser's moments of the factor must be converted with it, or the steps differ
+    expected = torch.load(DATA / "low_rank_v1_expected.pt", weights_only=True)
+    uninterrupted = dict(_as_now(*item) for item in expected[f"{kind}_uninterrupted"].items())
+    _v1_fit(*_v1_fresh(kind, seed=123), 4, resume=DATA / f"low_rank_v1_{kind}_checkpoint.pt")
+
+    resumed = _store()
+    assert resumed.keys() == uninterrupted.keys()
+    for name, value in uninterrupted.items():
+        torch.testing.assert_close(resumed[name], value, rtol=0, atol=1e-7, msg=name)

@@ -99,7 +99,7 @@ def test_layer_blocks_join_each_layers_weight_and_bias():
     assert guide.block_names == ["0", "2"]
     sizes = {name: fn.event_shape[0] for name, fn in guide.posterior().items()}
     assert sizes == {"0": 5 * 3 + 5, "2": 5 + 1}
-    assert guide.factors.get_parameter("0").shape == (20, 3)
+    assert guide.factors_t.get_parameter("0").shape == (3, 20)  # V^T
     median = guide.median()
     assert median["0.weight"].shape == (5, 3) and median["2.bias"].shape == (1,)
     q = guide.quantiles([0.5], x, y)
