@@ -134,8 +134,10 @@ class Steps:
             FloatingPointError: When the loss is NaN or inf, naming the epoch, the step and
                 the sites whose terms are not finite.
         """
-        terms = self.terms(batch, epoch, i)
+        # The last step's gradients go before the forward: kept until backward, they would
+        # sit beside the forward's saved tensors at the step's peak of memory.
         self.optimizer.zero_grad(set_to_none=True)
+        terms = self.terms(batch, epoch, i)
         terms.loss.backward()
         self.parallel.average_gradients_(self.params)  # before the callbacks: they see the mean
         for callback in self.callbacks:
