@@ -89,6 +89,7 @@ def worker(args: argparse.Namespace) -> None:
         }
         print("RESULT " + json.dumps(result), flush=True)
     if dist.is_initialized():
+        dist.barrier()  # tear down together (one process alone aborts under load)
         dist.destroy_process_group()
 
 

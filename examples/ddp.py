@@ -62,4 +62,5 @@ if rank == 0:  # the History is the same on every process; print it once
     plot_history(history, title=f"{world_size} process(es)", path="ddp_history.png")
 
 if dist.is_initialized():
+    dist.barrier()  # every process tears gloo down together (one alone aborts under load)
     dist.destroy_process_group()

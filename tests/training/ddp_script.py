@@ -125,4 +125,5 @@ results["resume"] = {"uninterrupted": uninterrupted, "resumed": resumed}
 
 torch.save(results, os.path.join(out, f"rank{rank}_of{world_size}.pt"))
 if dist.is_initialized():
+    dist.barrier()  # tear down together, as examples/ddp.py explains
     dist.destroy_process_group()

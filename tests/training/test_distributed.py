@@ -186,6 +186,7 @@ full = run(4)
 run(2, checkpoint=path)
 resumed = run(4, resume=path)
 torch.save({"full": full, "resumed": resumed}, os.path.join(out, f"cuda{dist.get_rank()}.pt"))
+dist.barrier()
 dist.destroy_process_group()
 """
 
@@ -229,3 +230,15 @@ def test_the_ddp_example_runs_under_torchrun(tmp_path):
     assert run.stdout.count("process(es)") == 1
     written = {p.name for p in tmp_path.iterdir()}
     assert written == {"ddp.py", "ddp_checkpoint_2.pt", "ddp_bnn.pt", "ddp_history.png"}
+
+
+@pytest.mark.parametrize(
+    "path",
+    ["examples/ddp.py", "benchmarks/ddp.py", "docs/distributed.md", "tests/training/ddp_script.py"],
+)
+def test_every_script_we_show_waits_for_all_processes_before_tearing_the_group_down(path):
+    # Without the barrier the first process to finish tears its gloo group down alone and,
+    # on a loaded machine, may abort at exit (SIGABRT) after its work is done.
+    lines = [line.strip() for line in (REPO / path).read_text().splitlines()]
+    teardown = next(i for i, line in enumerate(lines) if line == "dist.destroy_process_group()")
+    assert lines[teardown - 1].startswith("dist.barrier()"), lines[teardown - 1]
