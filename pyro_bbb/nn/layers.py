@@ -289,11 +289,11 @@ class BayesianAffine(BayesianLayer):
     def _check_features(self, x: torch.Tensor) -> None:
         """Raise if ``x``'s trailing dims are not this layer's input features.
 
-        The check depends only on the input's shape and the weight's, so a pair that passed
-        is remembered and the next call with the same pair (every step of a fit) is free;
-        any other input is checked, and fails at the call that passes it.
+        The check depends only on the input's shape, the weight's and the map, so the last
+        three that passed are remembered and the next call with the same (every step of a
+        fit) is free; any other input is checked, and fails at the call that passes it.
         """
-        key = (x.shape, self.parameter_shape("weight"))
+        key = (x.shape, self.parameter_shape("weight"), self.affine)
         if self.__dict__.get("_checked_shapes") == key:
             return
         expected = self._expected_features()
