@@ -8,6 +8,7 @@ and the minibatch scaling live in :class:`~pyro_bbb.model.BNN`. Nothing here kno
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 import pyro.distributions as dist
@@ -81,6 +82,9 @@ def _check_float_target(y: torch.Tensor, width: int, values: bool) -> None:
         check_finite_tensor("y", y)
 
 
+_LOG_SQRT_2PI = math.log(math.sqrt(2 * math.pi))
+
+
 class Gaussian(Likelihood):
     r"""Gaussian observation noise: :math:`y \sim \mathcal{N}(f(x), \sigma^2)`.
 
@@ -139,7 +143,8 @@ class Gaussian(Likelihood):
             return num_outputs // 2
         return num_outputs
 
-    def forward(self, output: torch.Tensor) -> dist.TorchDistribution:  # noqa: D102
+    def _loc_scale(self, output: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """The Normal's mean and scale for a network output, and the target width."""
         width = self._target_width(output.shape[-1])
         if self.heteroscedastic:
             loc, raw = output[..., :width], output[..., width:]
@@ -148,8 +153,26 @@ class Gaussian(Likelihood):
             loc, scale = output, self.scale
         if width == 1:
             scale = scale.squeeze(-1) if scale.dim() else scale
-            return dist.Normal(loc.squeeze(-1), scale)
-        return dist.Normal(loc, scale).to_event(1)
+            loc = loc.squeeze(-1)
+        return loc, scale, width
+
+    def forward(self, output: torch.Tensor) -> dist.TorchDistribution:  # noqa: D102
+        loc, scale, width = self._loc_scale(output)
+        normal = dist.Normal(loc, scale)
+        return normal if width == 1 else normal.to_event(1)
+
+    def log_prob(self, output: torch.Tensor, y: torch.Tensor) -> torch.Tensor:  # noqa: D102
+        # The Normal's log-density, op for op as the distribution computes it (its mean and
+        # scale broadcast against each other first), without building it: the same values
+        # and gradients, without a distribution object (and its shape bookkeeping) per step.
+        loc, scale, width = self._loc_scale(output)
+        loc, scale = torch.broadcast_tensors(loc, scale)
+        log_density = (
+            -((self.as_observation(y, output) - loc) ** 2) / (2 * scale**2)
+            - scale.log()
+            - _LOG_SQRT_2PI
+        )
+        return log_density if width == 1 else log_density.sum(-1)
 
     def check_target(  # noqa: D102
         self, y: torch.Tensor, num_outputs: int, *, values: bool = True

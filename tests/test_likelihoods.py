@@ -178,6 +178,37 @@ def test_categorical_log_prob_is_the_distributions_log_prob_without_building_it(
     torch.testing.assert_close(grad, expected_grad)
 
 
+@pytest.mark.parametrize("sample", [(), (3,)])
+@pytest.mark.parametrize(
+    "make, width",
+    [
+        (lambda: likelihoods.Gaussian(scale=0.1), 1),
+        (lambda: likelihoods.Gaussian(scale=0.3), 2),
+        (likelihoods.Gaussian, 1),  # a learned scale: its gradient too
+        (likelihoods.Gaussian, 3),
+        (lambda: likelihoods.Gaussian(heteroscedastic=True), 2),
+        (lambda: likelihoods.Gaussian(heteroscedastic=True), 6),
+    ],
+)
+def test_gaussian_log_prob_is_the_distributions_log_prob_bit_for_bit(make, width, sample):
+    # computed without building the Normal, op for op as it would: equal, not merely close
+    pyro.clear_param_store()
+    torch.manual_seed(0)
+    lik = make().double()
+    output = torch.randn(*sample, 7, width, dtype=torch.float64, requires_grad=True)
+    target = lik._target_width(width)
+    y = torch.randn(7, target, dtype=torch.float64) if target > 1 else torch.randn(7).double()
+    wrt = [output, *lik.parameters()]
+    with lik._pyro_context:  # as in a model's run: a learned scale is the param store's
+        expected = lik(output).log_prob(y)
+        expected_grads = torch.autograd.grad(expected.sum(), wrt)
+        got = lik.log_prob(output, y)
+        grads = torch.autograd.grad(got.sum(), wrt)
+    assert got.shape == expected.shape == (*sample, 7)
+    assert torch.equal(got, expected)
+    assert all(torch.equal(g, e) for g, e in zip(grads, expected_grads, strict=True))
+
+
 @pytest.mark.parametrize(
     "lik, y",
     [

@@ -260,8 +260,8 @@ class BayesianAffine(BayesianLayer):
         x_sample_dims = current_sample_dims()
         out = bayesian_affine(
             x,
-            self.weight,
-            self.bias,
+            self._value("weight", names),
+            self._value("bias", names),
             affine=self.affine,
             weight_site=names.get("weight"),
             bias_site=names.get("bias"),
@@ -270,7 +270,32 @@ class BayesianAffine(BayesianLayer):
         note_sample_dims(x_sample_dims + out.dim() - x.dim())
         return out
 
+    def _value(self, param: str, names: dict[str, str]) -> torch.Tensor | None:
+        """``getattr(self, param)``, read first from this run's draws when one was made.
+
+        Inside a run of the network (its ``PyroModule`` context active) a ``PyroSample``
+        returns the value the context holds for the site before it would issue a
+        ``pyro.sample`` statement; this is that lookup, from the cached site name, without
+        Pyro's attribute machinery (which builds the name again on every access). Anything
+        else (no draw yet, a deterministic parameter, no run) goes through ``getattr``.
+        """
+        site = names.get(param)
+        if site is not None:
+            value = self._pyro_context.get(site)  # None outside a run
+            if value is not None:
+                return value
+        return getattr(self, param)
+
     def _check_features(self, x: torch.Tensor) -> None:
+        """Raise if ``x``'s trailing dims are not this layer's input features.
+
+        The check depends only on the input's shape, the weight's and the map, so the last
+        three that passed are remembered and the next call with the same (every step of a
+        fit) is free; any other input is checked, and fails at the call that passes it.
+        """
+        key = (x.shape, self.parameter_shape("weight"), self.affine)
+        if self.__dict__.get("_checked_shapes") == key:
+            return
         expected = self._expected_features()
         got = x.shape[x.dim() - len(expected) :]
         if len(got) != len(expected) or any(
@@ -291,6 +316,7 @@ class BayesianAffine(BayesianLayer):
                 f"features {tuple(expected)} in its last dims, got x of shape "
                 f"{tuple(x.shape)}{hint}"
             )
+        self.__dict__["_checked_shapes"] = key
 
     def _expected_features(self) -> tuple[int | None, ...]:
         shape = self.parameter_shape("weight")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pyro
 import pytest
 import torch
@@ -22,6 +24,24 @@ def test_bayesian_layer_rejects_inputs_with_wrong_feature_size():
     net = bayesianize(TwoLayerNet())
     with pytest.raises(ValueError, match=r"'fc1' expects input features \(3,\)"):
         net(torch.randn(4, 7))
+
+
+def test_a_layer_checks_every_new_input_shape_after_accepting_one():
+    # the check is remembered for the last shape that passed (free on every step of a fit):
+    # a different shape is checked again, and a failure is never remembered
+    net = bayesianize(TwoLayerNet())
+    net(torch.randn(4, 3))
+    net(torch.randn(4, 3))
+    for _ in range(2):
+        with pytest.raises(ValueError, match=r"'fc1' expects input features \(3,\)"):
+            net(torch.randn(4, 7))
+    assert net(torch.randn(2, 5, 3)).shape[:2] == (2, 5)
+    conv = bayesianize(nn.Conv2d(2, 4, 3))
+    x = torch.randn(5, 2, 6, 6)
+    conv(x)
+    conv.affine = dataclasses.replace(conv.affine, groups=2)  # now takes 2 x 2 channels
+    with pytest.raises(ValueError, match=r"expects input features \(4, None, None\)"):
+        conv(x)
 
 
 def test_bayesian_linear_layer_with_sampled_weights_matches_a_loop_of_f_linear():
