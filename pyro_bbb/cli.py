@@ -41,7 +41,8 @@ def bench_uci(
 
     Args:
         path: A data set folder in split format, or a folder of them.
-        out: Folder for ``uci.md`` and ``uci.json``.
+        out: Folder for ``uci.md``, ``uci.json`` and ``uci.png`` (the test log-likelihoods
+            beside the published ones, one panel per data set).
         num_splits: First splits to use per data set (``None``: all).
         datasets: Names of the data set folders to run (``None``: all found).
         methods: Subset of :data:`pyro_bbb.bench.METHODS` (``None``: all).
@@ -71,7 +72,9 @@ def bench_uci(
         torch.set_num_threads(threads)
     print(results.to_markdown())
     md, js = results.save(out)
-    print(f"Saved {md} and {js}")
+    figure = Path(out) / "uci.png"
+    results.plot("log_likelihood", path=figure)
+    print(f"Saved {md}, {js} and {figure}")
     return results
 
 
@@ -137,7 +140,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     uci.add_argument("--members", type=_positive_int, default=None, help="ensemble size (5)")
     uci.add_argument("--jobs", type=_positive_int, default=1, help="worker processes")
     uci.add_argument("--seed", type=int, default=0)
-    uci.add_argument("--out", default="uci_results", help="folder for uci.md and uci.json")
+    uci.add_argument("--out", default="uci_results", help="folder for uci.md, uci.json and uci.png")
     uci.add_argument(
         "--progress",
         action="store_true",

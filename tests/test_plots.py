@@ -16,6 +16,7 @@ from pyro_bbb.plots import (  # noqa: E402
     plot_history,
     plot_regression_bands,
     plot_reliability,
+    plot_scores,
     plot_weight_sigma,
 )
 
@@ -180,3 +181,30 @@ def test_plot_weight_sigma_rejects_non_positive_scales_and_priors():
         plot_weight_sigma({"w": torch.tensor([0.1])}, prior_scale=[1.0, -2.0])
     with pytest.raises(ValueError, match=r"at least one entry"):
         plot_weight_sigma({})
+
+
+def test_plot_scores_draws_one_panel_per_data_set_with_ours_filled_above_the_published(tmp_path):
+    ours = {"a": {"BNN": (-2.5, 0.1), "MC dropout": (-2.7, 0.2)}, "b": {"BNN": (1.0, 0.05)}}
+    published = {"a": {"VI": (-2.9, 0.07)}, "b": {}, "not run": {"VI": (0.0, 0.1)}}
+    path = tmp_path / "scores.png"
+    figure = plot_scores(ours, published, columns=3, path=path)
+    _assert_png(path)
+    visible = [ax for ax in figure.axes if ax.get_visible()]
+    assert [ax.get_title() for ax in visible] == ["a", "b"]  # two columns of three: one hidden
+    panel = visible[0]
+    labels = [tick.get_text() for tick in panel.get_yticklabels()]
+    assert labels == ["VI (published)", "MC dropout", "BNN"]  # bottom to top
+    centres = sorted((line.get_ydata()[0], line.get_xdata()[0]) for line in panel.lines[::3])
+    assert centres == [(0, -2.9), (1, -2.7), (2, -2.5)]
+    # ours filled, the published figure hollow
+    faces = {line.get_xdata()[0]: line.get_markerfacecolor() for line in panel.lines[::3]}
+    assert faces[-2.9] == "white" and faces[-2.5] != "white"
+
+
+def test_plot_scores_rejects_empty_input():
+    with pytest.raises(ValueError, match="at least one data set"):
+        plot_scores({})
+    with pytest.raises(ValueError, match=r"no scores for data set\(s\) \['b'\]"):
+        plot_scores({"a": {"BNN": (0.0, 1.0)}, "b": {}})
+    with pytest.raises(ValueError, match="columns"):
+        plot_scores({"a": {"BNN": (0.0, 1.0)}}, columns=0)

@@ -18,7 +18,12 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .._validation import check_choice
+from ..plots.benchmarks import plot_scores
+
 if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
     from .uci import UCIConfig
 
 __all__ = [
@@ -242,6 +247,54 @@ class UCIResults:
         md.write_text(self.to_markdown())
         js.write_text(json.dumps(self.to_json(), indent=1) + "\n")
         return md, js
+
+    def plot(
+        self, metric: str = "log_likelihood", path: str | os.PathLike[str] | None = None
+    ) -> Figure:
+        """Each data set's mean ± s.e. per method beside the published figures, one panel each.
+
+        Args:
+            metric: ``"log_likelihood"`` (test log-likelihood per point, nats) or ``"rmse"``
+                (test RMSE, original units).
+            path: Where to save the figure (PNG, PDF, ... by extension), or ``None``.
+
+        Returns:
+            The figure (:func:`pyro_bbb.plots.plot_scores`).
+
+        Raises:
+            ValueError: On another ``metric``, or when no split was run.
+        """
+        check_choice("metric", metric, ("log_likelihood", "rmse"))
+        ours = {
+            dataset: {_METHOD_LABELS[m]: by_method[m][metric] for m in by_method}
+            for dataset, by_method in self.summary().items()
+        }
+        published = {dataset: PUBLISHED[metric].get(dataset, {}) for dataset in ours}
+        xlabel = (
+            "test log-likelihood per point (nats), higher is better"
+            if metric == "log_likelihood"
+            else "test RMSE (original units), lower is better"
+        )
+        return plot_scores(ours, published, xlabel=xlabel, path=path)
+
+    @classmethod
+    def from_json(cls, path: str | os.PathLike[str]) -> UCIResults:
+        """The results a :meth:`save` wrote to ``<stem>.json``, to summarise or plot again.
+
+        Raises:
+            ValueError: If the file holds no UCI run (no ``config`` and ``splits``).
+        """
+        from .uci import UCIConfig
+
+        data = json.loads(Path(path).read_text())
+        if not isinstance(data, dict) or not {"config", "splits"} <= data.keys():
+            raise ValueError(f"{path} holds no UCI run: expected 'config' and 'splits' keys")
+        return cls(
+            config=UCIConfig(**data["config"]),
+            results=[SplitResult(**row) for row in data["splits"]],
+            seconds=float(data.get("seconds", 0.0)),
+            jobs=int(data.get("jobs", 1)),
+        )
 
 
 def _format(value: tuple[float, float], decimals: int | None = None) -> str:

@@ -1,10 +1,10 @@
 """Matplotlib figures for predictive uncertainty, training histories and calibration.
 
-This module holds four figure functions: regression bands that separate epistemic from total
+This module holds five figure functions: regression bands that separate epistemic from total
 uncertainty, a training-history plot (loss, NLL, KL and the KL weight β per epoch), a
-reliability diagram, and histograms of the weights' posterior standard deviations against the
-prior's. It does not compute predictions or metrics beyond calling
-:mod:`pyro_bbb.metrics`.
+reliability diagram, histograms of the weights' posterior standard deviations against the
+prior's, and a benchmark's scores beside published ones. It does not compute predictions or
+metrics beyond calling :mod:`pyro_bbb.metrics`.
 
 Each function takes tensors or numpy arrays, returns a :class:`matplotlib.figure.Figure` and
 saves it when ``path`` is given (the format follows the file's extension; parent folders are
@@ -14,7 +14,14 @@ does not need matplotlib installed. Figures are built directly on the Agg canvas
 longer referenced. In a notebook a returned figure displays itself; elsewhere, save it.
 """
 
+from .benchmarks import plot_scores
 from .predictive import plot_regression_bands, plot_reliability
 from .training import plot_history, plot_weight_sigma
 
-__all__ = ["plot_history", "plot_regression_bands", "plot_reliability", "plot_weight_sigma"]
+__all__ = [
+    "plot_history",
+    "plot_regression_bands",
+    "plot_reliability",
+    "plot_scores",
+    "plot_weight_sigma",
+]

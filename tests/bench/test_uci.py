@@ -176,6 +176,8 @@ def test_bench_uci_command_smoke_run_on_two_splits_of_two_sets(tmp_path, capsys)
     assert "Test RMSE" in printed and "Test log-likelihood" in printed
     report = json.loads((out / "uci.json").read_text())
     assert (out / "uci.md").read_text().startswith("Test RMSE")
+    assert (out / "uci.png").read_bytes().startswith(b"\x89PNG")  # the figure of the LLs
+    assert f"and {out / 'uci.png'}" in printed
     splits = report["splits"]
     assert len(splits) == 2 * 2 * len(METHODS)
     assert {(r["dataset"], r["split"], r["method"]) for r in splits} == {

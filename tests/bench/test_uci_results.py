@@ -98,3 +98,43 @@ def test_markdown_fills_every_published_column_and_keeps_small_rmses_readable():
     assert rmse_row.endswith("| 0.01 ± 0.00 | 0.01 ± 0.00 | 0.01 ± 0.00 | 0.00 ± 0.00 |")
     ll_row = _row(markdown.split("log-likelihood", 1)[1], "naval")
     assert ll_row.endswith("| 3.73 ± 0.12 | 3.73 ± 0.01 | 3.80 ± 0.01 | 5.63 ± 0.05 |")
+
+
+def _results():
+    rows = [
+        SplitResult("boston", k, method, rmse=3.0 + k, log_likelihood=-2.5 - 0.1 * k,
+                    noise_std=3.0, seconds=1.0, cpu_seconds=0.9)
+        for k in range(3) for method in ("bnn", "mc_dropout")
+    ]  # fmt: skip
+    return UCIResults(config=UCIConfig(epochs=7), results=rows, seconds=12.0, jobs=2)
+
+
+def test_a_saved_run_reads_back_equal(tmp_path):
+    results = _results()
+    _, js = results.save(tmp_path)
+    again = UCIResults.from_json(js)
+    assert again == results
+    assert again.to_markdown() == results.to_markdown()
+
+
+def test_from_json_names_a_file_that_holds_no_run(tmp_path):
+    path = tmp_path / "other.json"
+    path.write_text('{"summary": {}}')
+    with pytest.raises(ValueError, match="no UCI run"):
+        UCIResults.from_json(path)
+
+
+def test_the_plot_sets_each_method_beside_the_published_figures(tmp_path):
+    pytest.importorskip("matplotlib")
+    figure = _results().plot("log_likelihood", path=tmp_path / "uci.png")
+    assert (tmp_path / "uci.png").stat().st_size > 1000
+    (panel,) = [ax for ax in figure.axes if ax.get_visible()]
+    assert panel.get_title() == "boston"
+    labels = [tick.get_text() for tick in panel.get_yticklabels()][::-1]
+    assert labels[:2] == ["BNN (ours)", "MC dropout"]
+    assert labels[2:] == [f"{c} (published)" for c in COLUMNS]
+    means = sorted(line.get_xdata()[0] for line in panel.lines[::3])
+    expected = [-2.6, -2.6] + [PUBLISHED["log_likelihood"]["boston"][c][0] for c in COLUMNS]
+    assert means == pytest.approx(sorted(expected))
+    with pytest.raises(ValueError, match="metric"):
+        _results().plot("accuracy")
