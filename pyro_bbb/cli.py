@@ -72,8 +72,10 @@ def bench_uci(
         torch.set_num_threads(threads)
     print(results.to_markdown())
     md, js = results.save(out)
+    from pyro_bbb.plots import plot_scores
+
     figure = Path(out) / "uci.png"
-    results.plot("log_likelihood", path=figure)
+    plot_scores(*results.scores("log_likelihood"), path=figure)
     print(f"Saved {md}, {js} and {figure}")
     return results
 

@@ -19,11 +19,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .._validation import check_choice
-from ..plots.benchmarks import plot_scores
 
 if TYPE_CHECKING:
-    from matplotlib.figure import Figure
-
     from .uci import UCIConfig
 
 __all__ = [
@@ -248,34 +245,35 @@ class UCIResults:
         js.write_text(json.dumps(self.to_json(), indent=1) + "\n")
         return md, js
 
-    def plot(
-        self, metric: str = "log_likelihood", path: str | os.PathLike[str] | None = None
-    ) -> Figure:
-        """Each data set's mean ± s.e. per method beside the published figures, one panel each.
+    def scores(
+        self, metric: str = "log_likelihood"
+    ) -> tuple[
+        dict[str, dict[str, tuple[float, float]]], dict[str, dict[str, tuple[float, float]]]
+    ]:
+        """Each data set's mean ± s.e. per method, and the published figures for the same sets.
+
+        The two mappings are what :func:`pyro_bbb.plots.plot_scores` draws:
+        ``plot_scores(*results.scores())`` (``pyro-bbb bench uci`` saves that figure as
+        ``uci.png``).
 
         Args:
             metric: ``"log_likelihood"`` (test log-likelihood per point, nats) or ``"rmse"``
                 (test RMSE, original units).
-            path: Where to save the figure (PNG, PDF, ... by extension), or ``None``.
 
         Returns:
-            The figure (:func:`pyro_bbb.plots.plot_scores`).
+            ``({data set: {method label: (mean, s.e.)}}, {data set: {source: (mean,
+            spread)}})``; a data set without published figures has an empty mapping.
 
         Raises:
-            ValueError: On another ``metric``, or when no split was run.
+            ValueError: On another ``metric``.
         """
         check_choice("metric", metric, ("log_likelihood", "rmse"))
         ours = {
             dataset: {_METHOD_LABELS[m]: by_method[m][metric] for m in by_method}
             for dataset, by_method in self.summary().items()
         }
-        published = {dataset: PUBLISHED[metric].get(dataset, {}) for dataset in ours}
-        xlabel = (
-            "test log-likelihood per point (nats), higher is better"
-            if metric == "log_likelihood"
-            else "test RMSE (original units), lower is better"
-        )
-        return plot_scores(ours, published, xlabel=xlabel, path=path)
+        published = {dataset: dict(PUBLISHED[metric].get(dataset, {})) for dataset in ours}
+        return ours, published
 
     @classmethod
     def from_json(cls, path: str | os.PathLike[str]) -> UCIResults:

@@ -124,17 +124,12 @@ def test_from_json_names_a_file_that_holds_no_run(tmp_path):
         UCIResults.from_json(path)
 
 
-def test_the_plot_sets_each_method_beside_the_published_figures(tmp_path):
-    pytest.importorskip("matplotlib")
-    figure = _results().plot("log_likelihood", path=tmp_path / "uci.png")
-    assert (tmp_path / "uci.png").stat().st_size > 1000
-    (panel,) = [ax for ax in figure.axes if ax.get_visible()]
-    assert panel.get_title() == "boston"
-    labels = [tick.get_text() for tick in panel.get_yticklabels()][::-1]
-    assert labels[:2] == ["BNN (ours)", "MC dropout"]
-    assert labels[2:] == [f"{c} (published)" for c in COLUMNS]
-    means = sorted(line.get_xdata()[0] for line in panel.lines[::3])
-    expected = [-2.6, -2.6] + [PUBLISHED["log_likelihood"]["boston"][c][0] for c in COLUMNS]
-    assert means == pytest.approx(sorted(expected))
+def test_scores_set_each_method_beside_the_published_figures_of_its_data_set():
+    ours, published = _results().scores("log_likelihood")
+    assert ours == {"boston": {"BNN (ours)": pytest.approx((-2.6, 0.1 / 3**0.5)),
+                               "MC dropout": pytest.approx((-2.6, 0.1 / 3**0.5))}}  # fmt: skip
+    assert published == {"boston": PUBLISHED["log_likelihood"]["boston"]}
+    rmse, _ = _results().scores("rmse")
+    assert rmse["boston"]["BNN (ours)"] == pytest.approx((4.0, 1 / 3**0.5))
     with pytest.raises(ValueError, match="metric"):
-        _results().plot("accuracy")
+        _results().scores("accuracy")
