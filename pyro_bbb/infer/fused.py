@@ -135,7 +135,7 @@ def fused_elbo(
     ensemble = guide if type(guide) is Ensemble else None
     if ensemble is not None:
         guide = ensemble.members
-        if type(guide) is not MeanFieldGuide or not _particles_beside_members(ensemble, elbo):
+        if not _particles_beside_members(ensemble, elbo):
             return None
     if (
         type(model).forward is not BNN.forward
@@ -311,14 +311,14 @@ def _standard_normal(shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor
     return torch.empty(shape, dtype=like.dtype, device=like.device).normal_()
 
 
-def _sample_dims(shape: tuple[int, ...], site: _Site) -> tuple[int, ...]:
+def _sample_dims(shape: tuple[int, ...], event_dims: int) -> tuple[int, ...]:
     """A draw's sample dims as the estimators read them off a drawn value.
 
     Those of :func:`~pyro_bbb.nn.affine.sample_shape`, from the shape alone (under local
     reparameterisation the draw may not be formed): ``(P,)`` for ``(P, 1, *shape)``,
     ``(P, K)`` for an ensemble's ``(P, K, 1, *shape)``.
     """
-    lead = shape[: len(shape) - site.event_dims]
+    lead = tuple(shape[: len(shape) - event_dims])
     return lead[:-1] if lead and lead[-1] == 1 else lead
 
 
@@ -390,7 +390,8 @@ class _MeanFieldDraws(_Draws):
                 values[site.name] = value
             variance = scale.pow(2) if self.splits == "variance" else None
             if self.splits:
-                splits[site.name] = Split(loc, variance, value, _sample_dims(shape, site))
+                dims = _sample_dims(shape, site.event_dims)
+                splits[site.name] = Split(loc, variance, value, dims)
             if how[0] == "scalar":
                 term = kl_to_scalar_normal(
                     loc, scale, how[1], how[2], event_dims=site.event_dims, variance=variance
@@ -472,19 +473,14 @@ class _LowRankDraws(_Draws):
         for block, refs in zip(self._blocks, self._refs, strict=True):
             loc, rho, factor_t = (ref.module_value() for ref in refs)
             scale = scale_from_rho(rho, guide.min_scale)
-            eps_diag = _standard_normal((*sample, block.size), loc)
-            eps_factor = _standard_normal((*sample, guide.rank), loc)
+            # loc: (d,), or (K, 1, d) for an ensemble's members (factor_t (K, 1, rank, d))
+            eps_diag = _standard_normal((*sample, *loc.shape), loc)
+            eps_factor = _standard_normal((*sample, *loc.shape[:-1], guide.rank), loc)
             if priors is not None:
                 groups = self._prior_groups(block, priors)
-                shared, twice_kl = LowRankBlock.apply(
-                    loc,
-                    scale,
-                    factor_t,
-                    eps_factor,
-                    _prior_locs([m for _, (m, _) in groups], loc),
-                    _coefficients([s for _, (_, s) in groups], loc),
-                    tuple(n for n, _ in groups),
-                )
+                shared, twice_kl = _block_draws(loc, scale, factor_t, eps_factor, groups)
+            elif loc.dim() > 1:
+                shared = loc + (eps_factor.unsqueeze(-2) @ factor_t).squeeze(-2)
             else:
                 shared = loc + eps_factor @ factor_t
             # Local reparameterisation reads μ + Vε₂ and σ² only: with a closed-form KL the
@@ -501,7 +497,7 @@ class _LowRankDraws(_Draws):
             pieces = theta.split(sizes, dim=-1)
             if self.splits:
                 means = shared.split(sizes, dim=-1)
-                variances = scale.pow(2).split(sizes) if self.splits == "variance" else None
+                variances = scale.pow(2).split(sizes, -1) if self.splits == "variance" else None
             for k, piece in enumerate(block.slices):
                 value = pieces[k].reshape(*theta.shape[:-1], *piece.shape)
                 values[piece.site] = value  # under `unused`, replaced by the estimator
@@ -509,10 +505,17 @@ class _LowRankDraws(_Draws):
                     value = None
                 if self.splits:
                     mean = means[k].reshape(*shared.shape[:-1], *piece.shape)
-                    variance = None if variances is None else variances[k].reshape(piece.shape)
-                    splits[piece.site] = Split(mean, variance, value, sample[:1])
+                    variance = (
+                        None
+                        if variances is None
+                        else variances[k].reshape(*scale.shape[:-1], *piece.shape)
+                    )
+                    dims = _sample_dims(mean.shape, len(piece.shape))
+                    splits[piece.site] = Split(mean, variance, value, dims)
             if priors is not None:
                 term = _closed_kl(block, twice_kl, groups)
+                if term.dim():  # one per member
+                    term = term.sum()
                 kl_terms[block.aux_site] = term
                 closed.append(term)
             else:
@@ -537,6 +540,72 @@ class _LowRankDraws(_Draws):
 
     def _distribution(self, loc, scale, factor_t) -> dist.TorchDistribution:
         return dist.LowRankMultivariateNormal(loc, factor_t.mT, scale.pow(2), validate_args=False)
+
+
+#: Numbers in one member's factor ``rank × d`` from which an ensemble's low-rank members go
+#: through :class:`~pyro_bbb.infer._low_rank_block.LowRankBlock` one at a time: a block that
+#: large is bound by memory traffic, which the Function halves (784-400-400-10, rank 4, five
+#: members: 74 ms a step, against 146 ms batched); below it the Python of one call per
+#: member costs more than the arithmetic (1-50-50-1: 4.2 ms a step, against 2.5 ms batched).
+_PER_MEMBER_NUMBERS = 2**16
+
+
+def _block_draws(
+    loc: torch.Tensor,
+    scale: torch.Tensor,
+    factor_t: torch.Tensor,
+    eps: torch.Tensor,
+    groups: list[tuple[int, tuple]],
+) -> tuple[torch.Tensor, torch.Tensor]:
+    r"""A block's shared draw :math:`\mu + V\varepsilon_2` and :math:`G` (see :func:`_closed_kl`).
+
+    A single guide's block (``loc`` ``(d,)``) goes through
+    :class:`~pyro_bbb.infer._low_rank_block.LowRankBlock`; an ensemble's members (``loc``
+    ``(K, 1, d)``, ``factor_t`` ``(K, 1, rank, d)``, ``eps`` ``(*sample, K, 1, rank)``)
+    through it one member at a time when the block is large (:data:`_PER_MEMBER_NUMBERS`),
+    else as the same terms in batched products over the member dim, left to autograd.
+
+    Returns:
+        The draw, ``(*sample, d)`` or ``(*sample, K, 1, d)``, and :math:`G`, a scalar or one
+        per member, ``(K, 1)``.
+    """
+    prior_locs = _prior_locs([m for _, (m, _) in groups], loc)
+    coefs = _coefficients([s for _, (_, s) in groups], loc)
+    sizes = tuple(n for n, _ in groups)
+    if loc.dim() == 1:
+        return LowRankBlock.apply(loc, scale, factor_t, eps, prior_locs, coefs, sizes)
+    size, rank = loc.shape[-1], factor_t.shape[-2]
+    members = loc.shape[:-1]
+    if rank * size >= _PER_MEMBER_NUMBERS:
+        count = members.numel()
+        lead = eps.shape[: eps.dim() - len(members) - 1]  # the particle dims
+        draws = zip(
+            loc.reshape(count, size).unbind(),
+            scale.reshape(count, size).unbind(),
+            factor_t.reshape(count, rank, size).unbind(),
+            eps.reshape(*lead, count, rank).unbind(len(lead)),
+            strict=True,
+        )
+        shared, twice = zip(
+            *(LowRankBlock.apply(*member, prior_locs, coefs, sizes) for member in draws),
+            strict=True,
+        )
+        shared = torch.stack(shared, len(lead)).reshape(*lead, *members, size)
+        return shared, torch.stack(twice).reshape(members)
+    shared = loc + (eps.unsqueeze(-2) @ factor_t).squeeze(-2)
+    # log det(D + VV^T) = sum log sigma^2 + log det(I + U D^-1 U^T), the determinant lemma
+    whitened = (factor_t / scale.unsqueeze(-2)).reshape(-1, rank, size)
+    eye = torch.eye(rank, dtype=loc.dtype, device=loc.device)
+    tril = torch.linalg.cholesky(torch.baddbmm(eye, whitened, whitened.mT))
+    log_det = scale.log().sum(-1) + tril.diagonal(dim1=-2, dim2=-1).log().sum(-1).reshape(members)
+    twice = -2 * log_det
+    for j, (mean, std, rows) in enumerate(
+        zip(loc.split(sizes, -1), scale.split(sizes, -1), factor_t.split(sizes, -1), strict=True)
+    ):
+        deviation = mean if prior_locs is None else mean - prior_locs[j]
+        squares = std.square().sum(-1) + deviation.square().sum(-1) + rows.square().sum((-2, -1))
+        twice = twice + coefs[j] * squares
+    return shared, twice
 
 
 def _closed_kl(block, twice_kl: torch.Tensor, groups: list[tuple[int, tuple]]) -> torch.Tensor:
