@@ -9,7 +9,7 @@ copied into a trace and looked up again.
 For the case this package builds, a :class:`~pyro_bbb.BNN` whose Bayesian parameters all sit
 in :class:`~pyro_bbb.nn.layers.BayesianAffine` layers, trained with
 :class:`~pyro_bbb.MeanFieldGuide` or :class:`~pyro_bbb.LowRankGuide` (or an
-:class:`~pyro_bbb.infer.Ensemble` of mean-field members), :class:`FusedELBO` computes the
+:class:`~pyro_bbb.infer.Ensemble` of either's members), :class:`FusedELBO` computes the
 same :class:`~pyro_bbb.infer.elbo.ELBOTerms` directly:
 
 * the guide's noise is drawn in the guide's order and shapes, so the same random state
@@ -28,13 +28,13 @@ same :class:`~pyro_bbb.infer.elbo.ELBOTerms` directly:
   member dim make the objective the sum of the members' own.
 
 :func:`fused_elbo` returns ``None`` for anything else (another model or guide, Pyro's
-autoguides, an ensemble of low-rank or point-mass members, a network with sample sites
-outside Bayesian layers, a prior tied to other sites, module-local parameters), and the
-traced path stays the one for those. ``fit`` also compares the sites of one traced
+autoguides, an ensemble of point-mass members, a network with sample sites outside
+Bayesian layers, a prior tied to other sites, module-local parameters), and the traced path
+stays the one for those. ``fit`` also compares the sites of one traced
 evaluation with the fused one before using it (a network whose ``forward`` issues sample
 statements of its own is then declined). Tests in ``tests/infer/test_fused.py`` and
 ``tests/infer/test_fused_ensemble.py`` check loss and every gradient against the traced path
-for each prior, likelihood, estimator and guide, and for ensembles of mean-field members.
+for each prior, likelihood, estimator and guide, and for ensembles of each guide's members.
 """
 
 from __future__ import annotations
@@ -124,7 +124,7 @@ def fused_elbo(
         model: The model.
         guide: The guide, already set up (called once): a :class:`~pyro_bbb.MeanFieldGuide`,
             a :class:`~pyro_bbb.LowRankGuide`, or an :class:`~pyro_bbb.infer.Ensemble` of
-            mean-field members.
+            either's members.
         elbo: The ELBO whose ``beta``, ``num_particles`` and ``analytic_kl`` are followed.
         reparam: The estimator: ``None``, ``"local"`` or ``"flipout"``.
 
