@@ -118,9 +118,7 @@ def test_fused_terms_of_members_equal_the_traced_elbo(
 
 
 @pytest.mark.parametrize("reparam", [None, "local"])
-def test_large_low_rank_blocks_of_members_one_at_a_time_equal_the_traced_elbo(
-    monkeypatch, reparam
-):
+def test_large_low_rank_blocks_of_members_one_at_a_time_equal_the_traced_elbo(monkeypatch, reparam):
     """Blocks past ``_PER_MEMBER_NUMBERS`` take the per-member Function: the same terms."""
     monkeypatch.setattr(fused_module, "_PER_MEMBER_NUMBERS", 1)
     model, ensemble, x, y = _problem("gaussian", "categorical", 3, FAMILIES["low_rank"])
