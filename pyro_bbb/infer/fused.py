@@ -597,8 +597,10 @@ def _block_draws(
     whitened = (factor_t / scale.unsqueeze(-2)).reshape(-1, rank, size)
     eye = torch.eye(rank, dtype=loc.dtype, device=loc.device)
     tril = torch.linalg.cholesky(torch.baddbmm(eye, whitened, whitened.mT))
-    log_det = scale.log().sum(-1) + tril.diagonal(dim1=-2, dim2=-1).log().sum(-1).reshape(members)
-    twice = -2 * log_det
+    half_log_det = scale.log().sum(-1) + tril.diagonal(dim1=-2, dim2=-1).log().sum(-1).reshape(
+        members
+    )
+    twice = -2 * half_log_det
     for j, (mean, std, rows) in enumerate(
         zip(loc.split(sizes, -1), scale.split(sizes, -1), factor_t.split(sizes, -1), strict=True)
     ):
