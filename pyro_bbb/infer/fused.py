@@ -8,8 +8,9 @@ copied into a trace and looked up again.
 
 For the case this package builds, a :class:`~pyro_bbb.BNN` whose Bayesian parameters all sit
 in :class:`~pyro_bbb.nn.layers.BayesianAffine` layers, trained with
-:class:`~pyro_bbb.MeanFieldGuide` or :class:`~pyro_bbb.LowRankGuide`, :class:`FusedELBO`
-computes the same :class:`~pyro_bbb.infer.elbo.ELBOTerms` directly:
+:class:`~pyro_bbb.MeanFieldGuide` or :class:`~pyro_bbb.LowRankGuide` (or an
+:class:`~pyro_bbb.infer.Ensemble` of either's members), :class:`FusedELBO` computes the
+same :class:`~pyro_bbb.infer.elbo.ELBOTerms` directly:
 
 * the guide's noise is drawn in the guide's order and shapes, so the same random state
   gives the same weights (and a checkpointed fit resumes onto the same stream);
@@ -20,15 +21,20 @@ computes the same :class:`~pyro_bbb.infer.elbo.ELBOTerms` directly:
   (:func:`~pyro_bbb.infer.reparam.local_affine`, :func:`~pyro_bbb.infer.reparam.flipout_affine`);
 * every KL term is the one the traced ELBO takes: closed form where it has one (a Gaussian
   prior, :mod:`~pyro_bbb.infer.kl`), :math:`\log q(w) - \log p(w)` otherwise (the scale
-  mixture), β times the sum, the likelihood scaled by :math:`N/B`.
+  mixture), β times the sum, the likelihood scaled by :math:`N/B`;
+* an ensemble's members are the leading dim of every guide parameter, ``(K, 1, *shape)``, as
+  the traced guide draws them inside its member plate: the weights keep that dim (particles
+  go left of it), the network runs every member in one batched pass, and the sums over the
+  member dim make the objective the sum of the members' own.
 
 :func:`fused_elbo` returns ``None`` for anything else (another model or guide, Pyro's
-autoguides, a network with sample sites outside Bayesian layers, a prior tied to other
-sites, module-local parameters), and the traced path stays the one for those. ``fit`` also
-compares the sites of one traced evaluation with the fused one before using it (a network
-whose ``forward`` issues sample statements of its own is then declined). Tests in
-``tests/infer/test_fused.py`` check loss and every gradient against the traced path for
-each prior, likelihood, estimator and guide.
+autoguides, an ensemble of point-mass members, a network with sample sites outside
+Bayesian layers, a prior tied to other sites, module-local parameters), and the traced path
+stays the one for those. ``fit`` also compares the sites of one traced
+evaluation with the fused one before using it (a network whose ``forward`` issues sample
+statements of its own is then declined). Tests in ``tests/infer/test_fused.py`` and
+``tests/infer/test_fused_ensemble.py`` check loss and every gradient against the traced path
+for each prior, likelihood, estimator and guide, and for ensembles of each guide's members.
 """
 
 from __future__ import annotations
@@ -50,6 +56,7 @@ from ..nn.affine import AffineMap
 from ..nn.layers import BayesianAffine
 from ._low_rank_block import LowRankBlock
 from .elbo import AnnealedELBO, ELBOTerms
+from .ensemble import Ensemble
 from .guides import LowRankGuide, MeanFieldGuide
 from .guides._init import scale_from_rho
 from .guides._params import ParamRef
@@ -115,7 +122,9 @@ def fused_elbo(
 
     Args:
         model: The model.
-        guide: The guide, already set up (called once).
+        guide: The guide, already set up (called once): a :class:`~pyro_bbb.MeanFieldGuide`,
+            a :class:`~pyro_bbb.LowRankGuide`, or an :class:`~pyro_bbb.infer.Ensemble` of
+            either's members.
         elbo: The ELBO whose ``beta``, ``num_particles`` and ``analytic_kl`` are followed.
         reparam: The estimator: ``None``, ``"local"`` or ``"flipout"``.
 
@@ -123,6 +132,11 @@ def fused_elbo(
         The fused evaluation, or ``None`` when the model, guide or estimator is not one it
         reproduces (the traced :class:`~pyro_bbb.infer.elbo.AnnealedELBO` is then the path).
     """
+    ensemble = guide if type(guide) is Ensemble else None
+    if ensemble is not None:
+        guide = ensemble.members
+        if not _particles_beside_members(ensemble, elbo):
+            return None
     if (
         type(model).forward is not BNN.forward
         or type(guide) not in (MeanFieldGuide, LowRankGuide)
@@ -151,7 +165,20 @@ def fused_elbo(
         if not draws.supported():
             return None
     draws.splits = {None: None, "local": "variance", "flipout": "value"}[reparam]
+    if ensemble is not None:
+        draws.particle_padding = ()  # the members' parameters carry the data plate's dim
     return FusedELBO(model, elbo, draws, _OPS[reparam])
+
+
+def _particles_beside_members(ensemble: Ensemble, elbo: AnnealedELBO) -> bool:
+    """Whether the traced ELBO puts its particle plate just left of the member plate.
+
+    It does when it set its plate depth from the ensemble's (``fit``'s ELBO, or one not
+    yet evaluated); the fused draws then have the shapes of the traced ones.
+    """
+    nesting = elbo.max_plate_nesting
+    declared = ensemble.model_plate_nesting + 1 + (elbo.num_particles > 1)
+    return nesting == float("inf") or nesting == declared
 
 
 class FusedELBO:
@@ -186,7 +213,7 @@ class FusedELBO:
             traced path's (the observation and every latent term).
         """
         model, particles = self.model, self.elbo.num_particles
-        sample = (particles, 1) if particles > 1 else ()
+        sample = (particles, *self._draws.particle_padding) if particles > 1 else ()
         draw = self._draws.draw(sample)
         context = model._pyro_context
         with context:
@@ -264,6 +291,11 @@ class _Draws:
     #: batch-shared part (``"value"``, flipout) or also its variance (``"variance"``, local).
     splits: str | None = None
 
+    #: The size-1 dims between the particle dim and a guide parameter's own shape: the
+    #: model's data plate, ``(1,)``; none for an ensemble's members, whose parameters
+    #: ``(K, 1, *shape)`` carry the member plate and the data plate's dim themselves.
+    particle_padding: tuple[int, ...] = (1,)
+
     def draw(self, sample: tuple[int, ...]) -> _Draw:
         raise NotImplementedError
 
@@ -277,6 +309,17 @@ class _Draws:
 def _standard_normal(shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
     """Standard normal noise drawn as ``torch.distributions.Normal.rsample`` draws it."""
     return torch.empty(shape, dtype=like.dtype, device=like.device).normal_()
+
+
+def _sample_dims(shape: tuple[int, ...], event_dims: int) -> tuple[int, ...]:
+    """A draw's sample dims as the estimators read them off a drawn value.
+
+    Those of :func:`~pyro_bbb.nn.affine.sample_shape`, from the shape alone (under local
+    reparameterisation the draw may not be formed): ``(P,)`` for ``(P, 1, *shape)``,
+    ``(P, K)`` for an ensemble's ``(P, K, 1, *shape)``.
+    """
+    lead = tuple(shape[: len(shape) - event_dims])
+    return lead[:-1] if lead and lead[-1] == 1 else lead
 
 
 def _is_normal(fn: object) -> bool:
@@ -338,19 +381,23 @@ class _MeanFieldDraws(_Draws):
         values, splits, kl_terms = {}, {}, {}
         closed, sampled = [], []
         for site, loc, scale, prior, how in parts:
+            shape = (*sample, *loc.shape)  # loc: (K, 1, *site shape) for an ensemble's members
             if skip:
                 value = None
                 values[site.name] = loc  # what the layer is handed; the estimator replaces it
             else:
-                value = torch.addcmul(loc, _standard_normal((*sample, *site.shape), loc), scale)
+                value = torch.addcmul(loc, _standard_normal(shape, loc), scale)
                 values[site.name] = value
             variance = scale.pow(2) if self.splits == "variance" else None
             if self.splits:
-                splits[site.name] = Split(loc, variance, value, sample[:1])
+                dims = _sample_dims(shape, site.event_dims)
+                splits[site.name] = Split(loc, variance, value, dims)
             if how[0] == "scalar":
                 term = kl_to_scalar_normal(
                     loc, scale, how[1], how[2], event_dims=site.event_dims, variance=variance
                 )
+                if term.dim():  # one per member
+                    term = term.sum()
                 closed.append(term)
             else:
                 q = dist.Normal(loc, scale, validate_args=False).to_event(site.event_dims)
@@ -426,19 +473,14 @@ class _LowRankDraws(_Draws):
         for block, refs in zip(self._blocks, self._refs, strict=True):
             loc, rho, factor_t = (ref.module_value() for ref in refs)
             scale = scale_from_rho(rho, guide.min_scale)
-            eps_diag = _standard_normal((*sample, block.size), loc)
-            eps_factor = _standard_normal((*sample, guide.rank), loc)
+            # loc: (d,), or (K, 1, d) for an ensemble's members (factor_t (K, 1, rank, d))
+            eps_diag = _standard_normal((*sample, *loc.shape), loc)
+            eps_factor = _standard_normal((*sample, *loc.shape[:-1], guide.rank), loc)
             if priors is not None:
                 groups = self._prior_groups(block, priors)
-                shared, twice_kl = LowRankBlock.apply(
-                    loc,
-                    scale,
-                    factor_t,
-                    eps_factor,
-                    _prior_locs([m for _, (m, _) in groups], loc),
-                    _coefficients([s for _, (_, s) in groups], loc),
-                    tuple(n for n, _ in groups),
-                )
+                shared, twice_kl = _block_draws(loc, scale, factor_t, eps_factor, groups)
+            elif loc.dim() > 1:
+                shared = loc + (eps_factor.unsqueeze(-2) @ factor_t).squeeze(-2)
             else:
                 shared = loc + eps_factor @ factor_t
             # Local reparameterisation reads μ + Vε₂ and σ² only: with a closed-form KL the
@@ -455,7 +497,7 @@ class _LowRankDraws(_Draws):
             pieces = theta.split(sizes, dim=-1)
             if self.splits:
                 means = shared.split(sizes, dim=-1)
-                variances = scale.pow(2).split(sizes) if self.splits == "variance" else None
+                variances = scale.pow(2).split(sizes, -1) if self.splits == "variance" else None
             for k, piece in enumerate(block.slices):
                 value = pieces[k].reshape(*theta.shape[:-1], *piece.shape)
                 values[piece.site] = value  # under `unused`, replaced by the estimator
@@ -463,10 +505,17 @@ class _LowRankDraws(_Draws):
                     value = None
                 if self.splits:
                     mean = means[k].reshape(*shared.shape[:-1], *piece.shape)
-                    variance = None if variances is None else variances[k].reshape(piece.shape)
-                    splits[piece.site] = Split(mean, variance, value, sample[:1])
+                    variance = (
+                        None
+                        if variances is None
+                        else variances[k].reshape(*scale.shape[:-1], *piece.shape)
+                    )
+                    dims = _sample_dims(mean.shape, len(piece.shape))
+                    splits[piece.site] = Split(mean, variance, value, dims)
             if priors is not None:
                 term = _closed_kl(block, twice_kl, groups)
+                if term.dim():  # one per member
+                    term = term.sum()
                 kl_terms[block.aux_site] = term
                 closed.append(term)
             else:
@@ -491,6 +540,74 @@ class _LowRankDraws(_Draws):
 
     def _distribution(self, loc, scale, factor_t) -> dist.TorchDistribution:
         return dist.LowRankMultivariateNormal(loc, factor_t.mT, scale.pow(2), validate_args=False)
+
+
+#: Numbers in one member's factor ``rank × d`` from which an ensemble's low-rank members go
+#: through :class:`~pyro_bbb.infer._low_rank_block.LowRankBlock` one at a time: a block that
+#: large is bound by memory traffic, which the Function halves (784-400-400-10, rank 4, five
+#: members: 74 ms a step, against 146 ms batched); below it the Python of one call per
+#: member costs more than the arithmetic (1-50-50-1: 4.2 ms a step, against 2.5 ms batched).
+_PER_MEMBER_NUMBERS = 2**16
+
+
+def _block_draws(
+    loc: torch.Tensor,
+    scale: torch.Tensor,
+    factor_t: torch.Tensor,
+    eps: torch.Tensor,
+    groups: list[tuple[int, tuple]],
+) -> tuple[torch.Tensor, torch.Tensor]:
+    r"""A block's shared draw :math:`\mu + V\varepsilon_2` and :math:`G` (see :func:`_closed_kl`).
+
+    A single guide's block (``loc`` ``(d,)``) goes through
+    :class:`~pyro_bbb.infer._low_rank_block.LowRankBlock`; an ensemble's members (``loc``
+    ``(K, 1, d)``, ``factor_t`` ``(K, 1, rank, d)``, ``eps`` ``(*sample, K, 1, rank)``)
+    through it one member at a time when the block is large (:data:`_PER_MEMBER_NUMBERS`),
+    else as the same terms in batched products over the member dim, left to autograd.
+
+    Returns:
+        The draw, ``(*sample, d)`` or ``(*sample, K, 1, d)``, and :math:`G`, a scalar or one
+        per member, ``(K, 1)``.
+    """
+    prior_locs = _prior_locs([m for _, (m, _) in groups], loc)
+    coefs = _coefficients([s for _, (_, s) in groups], loc)
+    sizes = tuple(n for n, _ in groups)
+    if loc.dim() == 1:
+        return LowRankBlock.apply(loc, scale, factor_t, eps, prior_locs, coefs, sizes)
+    size, rank = loc.shape[-1], factor_t.shape[-2]
+    members = loc.shape[:-1]
+    if rank * size >= _PER_MEMBER_NUMBERS:
+        count = members.numel()
+        lead = eps.shape[: eps.dim() - len(members) - 1]  # the particle dims
+        draws = zip(
+            loc.reshape(count, size).unbind(),
+            scale.reshape(count, size).unbind(),
+            factor_t.reshape(count, rank, size).unbind(),
+            eps.reshape(*lead, count, rank).unbind(len(lead)),
+            strict=True,
+        )
+        shared, twice = zip(
+            *(LowRankBlock.apply(*member, prior_locs, coefs, sizes) for member in draws),
+            strict=True,
+        )
+        shared = torch.stack(shared, len(lead)).reshape(*lead, *members, size)
+        return shared, torch.stack(twice).reshape(members)
+    shared = loc + (eps.unsqueeze(-2) @ factor_t).squeeze(-2)
+    # log det(D + VV^T) = sum log sigma^2 + log det(I + U D^-1 U^T), the determinant lemma
+    whitened = (factor_t / scale.unsqueeze(-2)).reshape(-1, rank, size)
+    eye = torch.eye(rank, dtype=loc.dtype, device=loc.device)
+    tril = torch.linalg.cholesky(torch.baddbmm(eye, whitened, whitened.mT))
+    half_log_det = scale.log().sum(-1) + tril.diagonal(dim1=-2, dim2=-1).log().sum(-1).reshape(
+        members
+    )
+    twice = -2 * half_log_det
+    for j, (mean, std, rows) in enumerate(
+        zip(loc.split(sizes, -1), scale.split(sizes, -1), factor_t.split(sizes, -1), strict=True)
+    ):
+        deviation = mean if prior_locs is None else mean - prior_locs[j]
+        squares = std.square().sum(-1) + deviation.square().sum(-1) + rows.square().sum((-2, -1))
+        twice = twice + coefs[j] * squares
+    return shared, twice
 
 
 def _closed_kl(block, twice_kl: torch.Tensor, groups: list[tuple[int, tuple]]) -> torch.Tensor:

@@ -285,5 +285,7 @@ def test_a_checkpoint_with_the_factor_untransposed_resumes_as_the_fit_it_was_cut
 
     resumed = _store()
     assert resumed.keys() == uninterrupted.keys()
+    # to a float32 ulp or two: the ensemble's steps are now fused, the file's were traced
+    # (the same terms, summed in another order)
     for name, value in uninterrupted.items():
-        torch.testing.assert_close(resumed[name], value, rtol=0, atol=1e-7, msg=name)
+        torch.testing.assert_close(resumed[name], value, rtol=1e-6, atol=1e-7, msg=name)
