@@ -17,8 +17,9 @@ from pyro_bbb import BNN, DeltaGuide, LowRankGuide, MeanFieldGuide, fit, likelih
 from pyro_bbb.infer import AnnealedELBO, Ensemble
 from pyro_bbb.infer import fused as fused_module
 from pyro_bbb.infer.fused import fused_elbo
-from pyro_bbb.infer.reparam import estimator
 from pyro_bbb.priors import Gaussian, ScaleMixture
+
+from .test_fused import _compare
 
 N, B = 40, 10
 
@@ -46,57 +47,6 @@ def _problem(prior="gaussian", likelihood="gaussian", k=3, family=None):
     return model, Ensemble(model, family, k=k), torch.randn(B, 3, generator=g), targets(g)
 
 
-def _compare(model, ensemble, x, y, reparam, num_particles, beta=0.7):
-    """Loss, parts and every gradient of the traced and the fused evaluation, same draws."""
-    elbo = AnnealedELBO(beta, num_particles=num_particles)
-    with estimator(reparam)():
-        first = elbo.terms(model, ensemble, x, y)  # sets the members up
-    fused = fused_elbo(model, ensemble, elbo, reparam)
-    assert fused is not None
-    assert fused.covers(first)
-    params = [*ensemble.parameters(), *model.parameters()]
-    assert {id(p) for p in fused.parameters()} <= {id(p) for p in params}
-
-    torch.manual_seed(5)
-    with estimator(reparam)():
-        traced = elbo.terms(model, ensemble, x, y)
-    traced_grads = torch.autograd.grad(traced.loss, params, allow_unused=True)
-    torch.manual_seed(5)
-    mean_field = isinstance(ensemble.members, MeanFieldGuide)
-    if reparam == "local" and mean_field and not _sampled_kl(model):
-        # the traced guide draws the weights local reparameterisation ignores; the fused
-        # path does not: draw them here, so the layers read the stream where traced ones do
-        sample = (num_particles,) if num_particles > 1 else ()
-        for loc in ensemble.members.median().values():
-            torch.empty((*sample, *loc.shape)).normal_()
-    direct = fused.terms(x, y)
-    direct_grads = torch.autograd.grad(direct.loss, params, allow_unused=True)
-
-    assert set(direct.sites) == set(traced.sites)
-    for part in ("loss", "nll", "kl"):
-        torch.testing.assert_close(
-            getattr(direct, part), getattr(traced, part), rtol=1e-5, atol=1e-5
-        )
-    assert any(g is not None for g in traced_grads)
-    for p, a, b in zip(params, traced_grads, direct_grads, strict=True):
-        if a is None:
-            assert b is None or not b.any(), p.shape
-        else:
-            assert b is not None, p.shape
-            # float32 rounding of sums over members and particles: relative to the largest
-            scale = a.abs().max().clamp_min(1.0).item()
-            torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5 * scale)
-    return traced
-
-
-def _sampled_kl(model):
-    return any(
-        isinstance(prior, ScaleMixture)
-        for layer in model.net.modules()
-        for prior in getattr(layer, "priors", {}).values()
-    )
-
-
 FAMILIES = {
     "mean_field": lambda m: MeanFieldGuide(m, init_scale=0.1),
     "low_rank": lambda m: LowRankGuide(m, rank=2, init_scale=0.1),
@@ -114,7 +64,7 @@ def test_fused_terms_of_members_equal_the_traced_elbo(
     family, k, prior, likelihood, reparam, num_particles
 ):
     model, ensemble, x, y = _problem(prior, likelihood, k, FAMILIES[family])
-    _compare(model, ensemble, x, y, reparam, num_particles)
+    _compare(model, ensemble, x, y, reparam, num_particles=num_particles)
 
 
 @pytest.mark.parametrize("reparam", [None, "local"])
