@@ -52,7 +52,7 @@ from pyro.poutine.runtime import Message
 
 from ..likelihoods import Bernoulli, Categorical, Gaussian
 from ..model import BNN
-from ..nn.affine import AffineMap
+from ..nn.affine import AffineMap, sample_shape_of
 from ..nn.layers import BayesianAffine
 from ._low_rank_block import LowRankBlock
 from .elbo import AnnealedELBO, ELBOTerms
@@ -311,17 +311,6 @@ def _standard_normal(shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor
     return torch.empty(shape, dtype=like.dtype, device=like.device).normal_()
 
 
-def _sample_dims(shape: tuple[int, ...], event_dims: int) -> tuple[int, ...]:
-    """A draw's sample dims as the estimators read them off a drawn value.
-
-    Those of :func:`~pyro_bbb.nn.affine.sample_shape`, from the shape alone (under local
-    reparameterisation the draw may not be formed): ``(P,)`` for ``(P, 1, *shape)``,
-    ``(P, K)`` for an ensemble's ``(P, K, 1, *shape)``.
-    """
-    lead = tuple(shape[: len(shape) - event_dims])
-    return lead[:-1] if lead and lead[-1] == 1 else lead
-
-
 def _is_normal(fn: object) -> bool:
     while isinstance(fn, torch.distributions.Independent):
         fn = fn.base_dist
@@ -390,7 +379,7 @@ class _MeanFieldDraws(_Draws):
                 values[site.name] = value
             variance = scale.pow(2) if self.splits == "variance" else None
             if self.splits:
-                dims = _sample_dims(shape, site.event_dims)
+                dims = sample_shape_of(shape, site.event_dims)
                 splits[site.name] = Split(loc, variance, value, dims)
             if how[0] == "scalar":
                 term = kl_to_scalar_normal(
@@ -510,7 +499,7 @@ class _LowRankDraws(_Draws):
                         if variances is None
                         else variances[k].reshape(*scale.shape[:-1], *piece.shape)
                     )
-                    dims = _sample_dims(mean.shape, len(piece.shape))
+                    dims = sample_shape_of(mean.shape, len(piece.shape))
                     splits[piece.site] = Split(mean, variance, value, dims)
             if priors is not None:
                 term = _closed_kl(block, twice_kl, groups)

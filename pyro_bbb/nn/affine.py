@@ -23,6 +23,7 @@ local reparameterisation can replace the computation (see :mod:`pyro_bbb.infer.r
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -31,7 +32,15 @@ from pyro.poutine.runtime import effectful
 
 from .._shapes import broadcast_shape
 
-__all__ = ["AffineMap", "Conv2dMap", "ConvMap", "LinearMap", "bayesian_affine", "sample_shape"]
+__all__ = [
+    "AffineMap",
+    "Conv2dMap",
+    "ConvMap",
+    "LinearMap",
+    "bayesian_affine",
+    "sample_shape",
+    "sample_shape_of",
+]
 
 
 def sample_shape(param: torch.Tensor, event_dims: int) -> torch.Size:
@@ -40,7 +49,12 @@ def sample_shape(param: torch.Tensor, event_dims: int) -> torch.Size:
     Empty for a plain parameter. ``(P, 1, out, in)`` (drawn under a particle plate) and
     ``(P, out, in)`` (as ``Predictive`` replays guide samples) both give ``(P,)``.
     """
-    dims = param.shape[: param.dim() - event_dims]
+    return sample_shape_of(param.shape, event_dims)
+
+
+def sample_shape_of(shape: Sequence[int], event_dims: int) -> Sequence[int]:
+    """:func:`sample_shape` of a parameter of ``shape``, for a draw not formed (yet)."""
+    dims = shape[: len(shape) - event_dims]
     return dims[:-1] if dims and dims[-1] == 1 else dims
 
 
