@@ -196,8 +196,10 @@ def kl_to_scalar_normal(
     """
     m, s = prior_loc, prior_scale
     deviation = loc if isinstance(m, float) and m == 0.0 else loc - m
+    if variance is not None and variance.shape != scale.shape:
+        variance = None  # a caller's σ² of another shape: take σ·σ here
     if event_dims == loc.dim() and scale.shape == deviation.shape:  # one event: a site
-        if variance is not None and variance.shape == scale.shape:
+        if variance is not None:
             squares = variance.sum() + _sum_of_squares(deviation)
         else:
             squares = _sum_of_squares(scale) + _sum_of_squares(deviation)
@@ -211,10 +213,11 @@ def kl_to_scalar_normal(
                 return t.sum()  # one op backward too, where a list of dims unsqueezes each
             return t.sum(dims) if event_dims else t
 
+        variance = scale.square() if variance is None else variance
         if scale.shape == deviation.shape:
-            squares = total(scale.square() + deviation.square())
+            squares = total(variance + deviation.square())
         else:  # broadcast against each other (a parameter expanded over particles)
-            squares = total(scale.square()) + total(deviation.square())
+            squares = total(variance) + total(deviation.square())
         log_scales = total(scale.log())
         n = math.prod(loc.shape[loc.dim() - event_dims :])
     if isinstance(s, float):

@@ -63,25 +63,33 @@ def test_diagonal_normal_kl_gradients_match_torch():
         torch.testing.assert_close(fast, general)
 
 
+@pytest.mark.parametrize("batch", [(), (3,)], ids=["one event", "a batch of events"])
 @pytest.mark.parametrize("shape", [(7,), (4, 6), (2, 3, 5)])
 @pytest.mark.parametrize("prior", [(0.0, 1.0), (0.3, 0.5)])
-def test_kl_to_scalar_normal_equals_torch_with_or_without_the_callers_variance(shape, prior):
+def test_kl_to_scalar_normal_equals_torch_with_or_without_the_callers_variance(batch, shape, prior):
+    # one event takes the dot-product path, a batch of them (ensemble members) the general one
     torch.manual_seed(0)
-    loc = torch.randn(shape, dtype=torch.float64, requires_grad=True)
-    rho = torch.randn(shape, dtype=torch.float64, requires_grad=True)
+    loc = torch.randn(batch + shape, dtype=torch.float64, requires_grad=True)
+    rho = torch.randn(batch + shape, dtype=torch.float64, requires_grad=True)
     m, s = prior
     expected = kl_divergence(
         dist.Normal(loc, torch.nn.functional.softplus(rho)).to_event(len(shape)),
-        dist.Normal(m, s).expand(shape).to_event(len(shape)),
-    )
+        dist.Normal(m, s).expand(batch + shape).to_event(len(shape)),
+    ).sum()
     grads = torch.autograd.grad(expected, (loc, rho))
     for given_variance in (False, True):
         scale = torch.nn.functional.softplus(rho)
         variance = scale.square() if given_variance else None
         kl = kl_to_scalar_normal(loc, scale, m, s, event_dims=len(shape), variance=variance)
+        assert kl.shape == batch
+        kl = kl.sum()
         torch.testing.assert_close(kl, expected)
         for got, want in zip(torch.autograd.grad(kl, (loc, rho)), grads, strict=True):
             torch.testing.assert_close(got, want)
+    # the caller's variance is what is summed, not σ·σ taken again
+    scale = torch.nn.functional.softplus(rho).detach()
+    doubled = kl_to_scalar_normal(loc, scale, m, s, event_dims=len(shape), variance=2 * scale**2)
+    torch.testing.assert_close(doubled.sum() - expected, scale.square().sum() / (2 * s * s))
 
 
 def test_diagonal_normal_kl_declines_what_it_does_not_cover():
