@@ -38,7 +38,7 @@ from .._shapes import broadcast_shape, collapse_broadcast
 from .._validation import check_int, check_nonnegative_number
 from ..priors.gaussian_block import SiteConditional
 from .kl import diagonal_normal_kl
-from .sites import JOINT_KEY, model_in_plates
+from .sites import JOINT_KEY, is_point_mass, model_in_plates
 
 __all__ = ["AnnealedELBO", "ELBOTerms"]
 
@@ -172,19 +172,6 @@ def _total(terms: list[torch.Tensor]) -> torch.Tensor:
     return torch.stack(terms).sum()
 
 
-def _is_delta(fn: object) -> bool:
-    r"""Whether a (reinterpreted) distribution is a ``Delta``.
-
-    Pyro registers :math:`\mathrm{KL}(\delta_v \| p) = -\log p(v)`, which drops the Delta's
-    ``log_density``: under an autoguide that is the log-Jacobian of a constrained site's
-    transform (``AutoNormal`` on a ``LogNormal`` latent). The Monte Carlo term
-    :math:`\log \delta_v(v) - \log p(v)` keeps it, and equals the registered rule otherwise.
-    """
-    while isinstance(fn, torch.distributions.Independent):
-        fn = fn.base_dist
-    return isinstance(fn, dist.Delta)
-
-
 def _signature(fn: object) -> tuple:
     base = getattr(fn, "base_dist", None)
     if base is None:
@@ -264,7 +251,10 @@ class AnnealedELBO(ELBO):
         return model_trace, guide_trace
 
     def _closed_form_kl(self, q, p) -> torch.Tensor | None:
-        if not self.analytic_kl or _is_delta(q):
+        # Pyro registers KL(δ_v ‖ p) = -log p(v), which drops the Delta's log_density: under
+        # an autoguide, the log-Jacobian of a constrained site's transform (AutoNormal on a
+        # LogNormal latent). The Monte Carlo term log δ_v(v) - log p(v) keeps it.
+        if not self.analytic_kl or is_point_mass(q):
             return None
         fast = diagonal_normal_kl(q, p)
         if fast is not None:

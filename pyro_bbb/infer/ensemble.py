@@ -38,6 +38,7 @@ from pyro.poutine import Trace
 from .._validation import check_int
 from .guides import MeanFieldGuide
 from .guides._base import GaussianGuide
+from .sites import is_point_mass
 
 __all__ = ["Ensemble"]
 
@@ -173,7 +174,7 @@ class Ensemble(PyroModule):
         own = poutine.trace(self.members).get_trace()  # the members' q_j, unexpanded
         total = None
         for name, site in own.iter_stochastic_nodes():
-            if _is_delta(site["fn"]):
+            if is_point_mass(site["fn"]):
                 continue  # a slice of a block, or a point mass: no density of its own
             fn, value = site["fn"], trace.nodes[name]["value"]
             # (*S, K, 1.., *event) -> (*S, K, 1, 1.., *event): every member's density at every draw
@@ -186,9 +187,3 @@ class Ensemble(PyroModule):
                 "the members are point masses (DeltaGuide): the mixture has no density"
             )
         return torch.logsumexp(total, -1) - math.log(self.num_members)
-
-
-def _is_delta(fn: object) -> bool:
-    while isinstance(fn, torch.distributions.Independent):
-        fn = fn.base_dist
-    return isinstance(fn, pyro.distributions.Delta)

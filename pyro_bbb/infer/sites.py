@@ -11,10 +11,20 @@ ensemble's members; defined below every side, which all need it).
 
 from __future__ import annotations
 
+import pyro.distributions as dist
+import torch
+
 from .._plates import model_in_plates
 from .._support import base_support, is_real_valued
 
-__all__ = ["BLOCK_KEY", "JOINT_KEY", "base_support", "is_real_valued", "model_in_plates"]
+__all__ = [
+    "BLOCK_KEY",
+    "JOINT_KEY",
+    "base_support",
+    "is_point_mass",
+    "is_real_valued",
+    "model_in_plates",
+]
 
 #: ``infer`` key by which an auxiliary guide site declares that its value is the
 #: concatenation of the (flattened) values of these model sites, in order, and that the
@@ -25,3 +35,14 @@ JOINT_KEY = "pyro_bbb_joint_of"
 #: ``infer`` key of a model site drawn as a slice of a block: ``(block site, start, stop)``.
 #: Local reparameterisation and flipout read it to find the block's distribution.
 BLOCK_KEY = "pyro_bbb_block"
+
+
+def is_point_mass(fn: object) -> bool:
+    """Whether a site's distribution is a (reinterpreted) ``Delta``.
+
+    That is a point estimate, or a guide's slice of a block drawn at another site: it draws
+    nothing and has no density of its own.
+    """
+    while isinstance(fn, torch.distributions.Independent):
+        fn = fn.base_dist
+    return isinstance(fn, dist.Delta)
