@@ -94,6 +94,7 @@ def train(method: str, split: Split, *, epochs: int, seed: int):
         batch_size=128,
         lr=1e-2,
         lr_schedule=1.0,  # the constant rate the published table was made with
+        num_particles=1,  # and one sample a step, fit's default then
         beta=beta,
         reparam=reparam,
         seed=seed,

@@ -162,6 +162,9 @@ def build(problem, init_scale, seed, prior=None):
 
 
 def _fit(model, guide, problem, epochs, seed, **kwargs):
+    # one weight sample a step, as the published tables were made; "particles" takes fit's
+    # default number now
+    kwargs.setdefault("num_particles", 1)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the collapse warning is scored here, not shown
         return bbb.fit(
@@ -184,6 +187,8 @@ def run_candidate(name, problem, init_scale, seed):
         model, guide = build(problem, init_scale, seed)
     if name == "default":
         _fit(model, guide, problem, epochs, seed)
+    elif name == "particles":  # fit's defaults now: the default, and samples by network size
+        _fit(model, guide, problem, epochs, seed, num_particles=None)
     elif name == "const_lr":  # the default beta with a constant learning rate
         _fit(model, guide, problem, epochs, seed, lr_schedule=1.0)
     elif name == "ensemble5":  # five mean-field guides trained as one, fit's defaults

@@ -319,6 +319,7 @@ class FitSteps:
                 batch_size=self.net.batch,
                 lr=LR,
                 reparam=self.reparam,
+                num_particles=1,  # the reference draws one sample a step
                 progress=False,
                 callbacks=[timer],
             )

@@ -221,6 +221,21 @@ class AnnealedELBO(ELBO):
         self.analytic_kl = analytic_kl
         self._has_closed_form: dict[tuple, bool] = {}
 
+    def set_num_particles(self, num_particles: int) -> None:
+        """Change the number of particles after the first evaluation, keeping its set-up.
+
+        The first evaluation fixes ``max_plate_nesting``, and Pyro counts the particle plate
+        in it only when there is more than one particle; it is moved by that one dim here,
+        so the particles' plate stays left of every model plate.
+
+        Args:
+            num_particles: Samples of ``w`` per estimate from now on.
+        """
+        check_int("num_particles", num_particles)
+        if self.max_plate_nesting != float("inf"):
+            self.max_plate_nesting += int(num_particles > 1) - int(self.num_particles > 1)
+        self.num_particles = num_particles
+
     @property
     def beta(self) -> float:
         """The current KL weight."""

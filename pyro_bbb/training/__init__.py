@@ -5,6 +5,7 @@
   written out) and the report of a non-finite loss; :mod:`~pyro_bbb.training.optimizers`:
   the optimiser; :mod:`~pyro_bbb.training.lr_schedules`: its learning-rate schedule
   (:class:`InverseTimeDecay`, fit's default, and :class:`CosineDecay`);
+  :mod:`~pyro_bbb.training.particles`: fit's default number of weight samples a step;
   :mod:`~pyro_bbb.training.callbacks`: the :class:`Callback` hooks;
 * :mod:`~pyro_bbb.training.minibatches`: the minibatches, their order and the data checks;
 * :mod:`~pyro_bbb.training.history`: :class:`History`, the per-epoch record of a fit;

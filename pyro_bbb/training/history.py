@@ -31,9 +31,12 @@ class History:
             known. Most weights at the prior while the noise explains the targets is
             posterior collapse (see :class:`~pyro_bbb.PosteriorCollapseWarning`).
         num_data: Number of training points ``N``.
+        num_particles: Weight samples per step (what ``fit``'s ``num_particles=None``
+            resolved to, or the number passed).
     """
 
     num_data: int
+    num_particles: int = 1
     loss: list[float] = field(default_factory=list)
     loss_per_datum: list[float] = field(default_factory=list)
     nll: list[float] = field(default_factory=list)

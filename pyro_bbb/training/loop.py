@@ -40,6 +40,7 @@ from .history import History
 from .lr_schedules import InverseTimeDecay, LRSchedule, LRScheduleLike
 from .minibatches import Batches, check_likelihood_scale, make_batches
 from .optimizers import OptimizerSpec, make_optimizer
+from .particles import default_num_particles, draw_size
 from .steps import EpochRecord, Steps
 
 __all__ = ["fit"]
@@ -57,7 +58,7 @@ def fit(
     optimizer: OptimizerSpec | None = None,
     lr_schedule: LRScheduleLike | None = None,
     beta: ScheduleLike | None = None,
-    num_particles: int = 1,
+    num_particles: int | None = None,
     reparam: str | None = None,
     device: str | torch.device | None = None,
     seed: int | None = None,
@@ -134,7 +135,18 @@ def fit(
             ``epochs``: a fit resumed with other ``epochs`` follows another schedule, so pass
             one explicitly to extend a run. Pass ``beta=1.0`` for the plain ELBO
             throughout, e.g. to continue a fit.
-        num_particles: Weight samples per step, vectorised.
+        num_particles: Weight samples per step, vectorised over a leading dim. ``None``
+            (the default) takes as many as keep a step's drawn weights times minibatch rows,
+            over all samples, within 262,144, between 1 and 8
+            (:func:`~pyro_bbb.training.particles.default_num_particles`; all members of an
+            ensemble counted together, and 1 for a point estimate): 8 for a linear
+            regression on 150 rows, 2 for a 1-50-50-1 MLP on 40, 1 for most networks and
+            minibatches. Where it takes more than one, the extra samples cost little
+            (8 samples 5–18 % more per step than one, on CPU) and they are what brings
+            the fitted scales to their optimum: the gradient noise of one sample, not the
+            schedule, is what a fit leaves in them. The number taken is
+            ``History.num_particles``; pass ``num_particles=1`` for Pyro's ``Trace_ELBO``
+            default.
         reparam: Gradient estimator: ``None`` (sample the weights), ``"local"`` or
             ``"flipout"`` (see :mod:`pyro_bbb.infer.reparam`). It applies to the affine
             layers (Linear, ConvNd, ConvTransposeNd); any other Bayesian layer is drawn by
@@ -179,6 +191,7 @@ def fit(
     # the run: its options, processes, checkpoints, device, seed and data
     check_int("epochs", epochs)
     check_int("batch_size", batch_size, optional=True)
+    check_int("num_particles", num_particles, optional=True)
     check_positive_number("lr", lr)
     schedule = delayed_warmup(epochs) if beta is None else as_schedule(beta)
     handler = estimator(reparam)
@@ -198,15 +211,18 @@ def fit(
     )  # fmt: skip
 
     # the objective, the parameters it creates, the optimiser, where the fit starts from
-    elbo = AnnealedELBO(schedule(0.0), num_particles=num_particles)
+    elbo = AnnealedELBO(schedule(0.0), num_particles=num_particles or 1)
     first = next(iter(batches()))
     check_likelihood_scale(model, first, batches.num_data)
     named, params, first_terms = _parameters(model, guide, elbo, handler, first)
+    if num_particles is None:  # known once the guide is set up: what it draws
+        draws, rows = draw_size(guide, *first), len(first[0])
+        elbo.set_num_particles(default_num_particles(draws, rows))  # its set-up is kept
     fused = _fused(model, guide, elbo, reparam, first_terms, params)
     optim = make_optimizer(optimizer, params, lr)
     rates = LRSchedule(InverseTimeDecay(epochs) if lr_schedule is None else lr_schedule, optim)
     parallel.broadcast_(params)  # every process starts from rank 0's parameters
-    history = History(num_data=batches.num_data)
+    history = History(num_data=batches.num_data, num_particles=elbo.num_particles)
     state = FitState(model, guide, named, params, optim, history, batches.seed, first, rates)
     _resume_or_seed(state, saving, parallel, seed)
     monitor = CollapseMonitor(model, guide, *first)

@@ -248,6 +248,7 @@ def _v1_fresh(kind, seed=0):
 def _v1_fit(model, guide, epochs, **options):
     schedules = {"beta": bbb.infer.LinearWarmup(3), "lr_schedule": CosineDecay(4, start=0.2)}
     return bbb.fit(model, guide, *_v1_data(), epochs=epochs, batch_size=10, seed=0,
+                   num_particles=1,  # what the files were written with: fit's default then
                    progress=False, **schedules, **options)  # fmt: skip
 
 

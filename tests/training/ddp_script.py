@@ -89,7 +89,7 @@ guide.draws = []
 recorder = GradientRecorder()
 history = bbb.fit(
     model, guide, x, y, epochs=300, optimizer=lambda p: torch.optim.SGD(p, lr=0.0), seed=0,
-    callbacks=[recorder],
+    callbacks=[recorder], num_particles=1,  # one draw a step per process, and no draw to count
 )  # fmt: skip
 names = {id(pyro.param(name).unconstrained()): name for name in pyro.get_param_store()}
 results["mc"] = {

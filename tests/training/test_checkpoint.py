@@ -205,7 +205,8 @@ def test_resume_with_fewer_epochs_than_done_is_an_error_naming_epochs(tmp_path):
     [
         ({}, {"batch_size": 24}, r"batch_size=12; this one has batch_size=24"),
         ({}, {"batch_size": None}, r"batch_size=12; this one has batch_size=None"),
-        ({}, {"num_particles": 2}, r"num_particles=1; this one has num_particles=2"),
+        ({}, {"num_particles": 2}, r"num_particles=None; this one has num_particles=2"),
+        ({"num_particles": 1}, {"num_particles": None}, r"num_particles=1; this one has"),
         ({}, {"reparam": "local"}, r"reparam=None; this one has reparam='local'"),
         ({"reparam": "flipout"}, {"reparam": "local"}, r"reparam='flipout'; this one has"),
         ({}, {"shuffle": False}, r"shuffle=True; this one has shuffle=False"),
@@ -224,7 +225,7 @@ def test_resume_with_another_step_option_is_an_error_naming_both_values(
     assert before["options"] == {
         "batch_size": 12,
         "shuffle": True,
-        "num_particles": 1,
+        "num_particles": None,  # the request: None resolves the same way on resume
         "reparam": None,
         **written,
     }
