@@ -87,6 +87,10 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _particles(text: str) -> int | None:
+    return None if text == "auto" else _positive_int(text)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``pyro-bbb`` command; returns the exit status."""
     parser = argparse.ArgumentParser(prog="pyro-bbb", description=__doc__.splitlines()[0])
@@ -140,6 +144,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         choices=["bnn", "bnn_ensemble", "deterministic", "deep_ensemble", "mc_dropout"],
     )
     uci.add_argument("--members", type=_positive_int, default=None, help="ensemble size (5)")
+    uci.add_argument(
+        "--num-particles",
+        type=_particles,
+        default=1,
+        help="the BNN's weight samples per step (1); auto: fit's default for the network",
+    )
     uci.add_argument("--jobs", type=_positive_int, default=1, help="worker processes")
     uci.add_argument("--seed", type=int, default=0)
     uci.add_argument("--out", default="uci_results", help="folder for uci.md, uci.json and uci.png")
@@ -159,6 +169,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "guide": args.guide,
             "rank": args.rank,
             "reparam": None if args.reparam == "none" else args.reparam,
+            "num_particles": args.num_particles,
             "seed": args.seed,
         }
         for name in ("epochs", "batch_size", "lr", "hold", "members"):

@@ -178,6 +178,7 @@ def test_bench_uci_command_smoke_run_on_two_splits_of_two_sets(tmp_path, capsys)
     assert (out / "uci.md").read_text().startswith("Test RMSE")
     assert (out / "uci.png").read_bytes().startswith(b"\x89PNG")  # the figure of the LLs
     assert f"and {out / 'uci.png'}" in printed
+    assert report["config"]["num_particles"] == 1  # the BNN's samples a step, as published
     splits = report["splits"]
     assert len(splits) == 2 * 2 * len(METHODS)
     assert {(r["dataset"], r["split"], r["method"]) for r in splits} == {
