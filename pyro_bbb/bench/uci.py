@@ -82,6 +82,7 @@ from ..likelihoods import Gaussian
 from ..model import BNN
 from ..nn import initial_values, mlp
 from ..training import fit
+from ._workers import script_hidden
 from .uci_results import METHODS, SplitResult, UCIResults
 
 __all__ = ["UCIConfig", "fit_split", "run_uci"]
@@ -317,7 +318,9 @@ def run_uci(
         methods: Which of :data:`METHODS` to run, in that order on each split.
         config: Training options; the defaults of :class:`UCIConfig` if omitted.
         jobs: Worker processes; splits run in parallel when above 1 (each worker uses one
-            thread).
+            thread). The workers start without running the calling script again, so this
+            works from a script without an ``if __name__ == "__main__":`` guard and from a
+            notebook.
         progress: Show the bar; ``None`` shows it when stderr is a terminal.
         on_result: Called with each :class:`SplitResult` as it arrives.
 
@@ -380,10 +383,11 @@ def run_uci(
         else:
             context = get_context("spawn")
             with ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
-                futures = [
-                    pool.submit(_run_one_split, folder, count, k, methods, config)
-                    for folder, count, k in tasks
-                ]
+                with script_hidden():  # the workers start here and need only this package
+                    futures = [
+                        pool.submit(_run_one_split, folder, count, k, methods, config)
+                        for folder, count, k in tasks
+                    ]
                 for future in as_completed(futures):
                     record(future.result())
     finally:

@@ -2,6 +2,8 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
+import sys
 from pathlib import Path
 
 import pyro
@@ -242,3 +244,23 @@ def test_run_uci_in_worker_processes_gives_the_serial_numbers(tmp_path):
         assert (a.dataset, a.split, a.method) == (b.dataset, b.split, b.method)
         assert a.rmse == pytest.approx(b.rmse, rel=1e-6)
         assert a.log_likelihood == pytest.approx(b.log_likelihood, rel=1e-6)
+
+
+def test_parallel_splits_run_from_a_script_without_a_main_guard(tmp_path):
+    # spawned workers import the parent's __main__: an unguarded script would run again in
+    # each and fail to start workers of its own. run_uci starts them without the script.
+    folder = _synthetic_folder(tmp_path, n=60)
+    script = tmp_path / "unguarded.py"
+    script.write_text(
+        "from pyro_bbb.bench import UCIConfig, run_uci\n"
+        "print('script ran', flush=True)\n"
+        f"results = run_uci({str(folder)!r}, methods=['deterministic'], "
+        "config=UCIConfig(epochs=20, num_samples=2), jobs=2)\n"
+        "print('splits', len(results.results))\n"
+    )
+    run = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=240, cwd=tmp_path
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.count("script ran") == 1  # not again in a worker
+    assert "splits 2" in run.stdout
