@@ -156,6 +156,9 @@ def fit(
         seed: Seed for Pyro, torch and the minibatch order (on ``W`` processes: the set-up
             and the order use ``seed``, the noise of rank ``r`` uses ``seed + r``; ``None``
             draws one on rank 0). When resuming, the checkpoint's random states continue.
+            A network's weights are initialised when it is built, before ``fit``: to
+            reproduce a run from its start, also seed before building the network
+            (``pyro.set_rng_seed``), as a guide started from those weights depends on them.
         progress: Show a tqdm bar; ``None`` shows it when stderr is a terminal.
         callbacks: :class:`Callback` objects.
         shuffle: Reshuffle the data every epoch (tensor input).
