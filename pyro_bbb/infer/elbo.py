@@ -232,9 +232,19 @@ class AnnealedELBO(ELBO):
             num_particles: Samples of ``w`` per estimate from now on.
         """
         check_int("num_particles", num_particles)
-        if self.max_plate_nesting != float("inf"):
-            self.max_plate_nesting += int(num_particles > 1) - int(self.num_particles > 1)
+        before = self.particle_plate_dims
         self.num_particles = num_particles
+        if self.max_plate_nesting != float("inf"):
+            self.max_plate_nesting += self.particle_plate_dims - before
+
+    @property
+    def particle_plate_dims(self) -> int:
+        """Dims the vectorised particles add to the model's plates: 1 for more than one.
+
+        Pyro wraps no particle plate around a single particle, and counts the plate in
+        ``max_plate_nesting`` only when it wraps one.
+        """
+        return int(self.num_particles > 1)
 
     @property
     def beta(self) -> float:
@@ -250,7 +260,7 @@ class AnnealedELBO(ELBO):
         model, declared = model_in_plates(model, guide)  # an ensemble's model: in its plate
         if self.max_plate_nesting == float("inf"):
             if declared is not None:
-                self.max_plate_nesting = declared + (self.num_particles > 1)
+                self.max_plate_nesting = declared + self.particle_plate_dims
             else:
                 self._guess_max_plate_nesting(model, guide, args, kwargs)
         guide = self._vectorized_num_particles(guide)

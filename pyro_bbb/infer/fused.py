@@ -177,7 +177,7 @@ def _particles_beside_members(ensemble: Ensemble, elbo: AnnealedELBO) -> bool:
     yet evaluated); the fused draws then have the shapes of the traced ones.
     """
     nesting = elbo.max_plate_nesting
-    declared = ensemble.model_plate_nesting + 1 + (elbo.num_particles > 1)
+    declared = ensemble.model_plate_nesting + 1 + elbo.particle_plate_dims
     return nesting == float("inf") or nesting == declared
 
 
