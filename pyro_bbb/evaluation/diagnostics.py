@@ -20,6 +20,7 @@ import pyro
 import torch
 
 from .._validation import check_int
+from ..infer import Ensemble
 from ..infer.mcmc import NUTSResult
 from .inference_data import numpy_of, posterior_draws, site_dims
 
@@ -79,7 +80,8 @@ def psis_khat(
         raise ValueError(f"num_samples must be at least 10, got {num_samples}")
     if seed is not None:
         pyro.set_rng_seed(seed)
-    draws = posterior_draws(model, guide, x, y, num_samples=num_samples)
+    chains = None if isinstance(guide, Ensemble) else 1  # the tail fit reads the draws flat
+    draws = posterior_draws(model, guide, x, y, num_samples=num_samples, num_chains=chains)
     log_joint = draws.log_prior + draws.pointwise_log_likelihood(y).sum(-1)
     log_ratio = (log_joint - draws.log_q).reshape(-1).double()
     if not torch.isfinite(log_ratio).all():

@@ -33,6 +33,8 @@ __all__ = ["Draws", "posterior_draws", "site_dims", "to_inference_data"]
 
 #: Name of the plate over draws (placed left of the model's plates).
 _DRAWS_PLATE = "_draws"
+#: Chains a guide's independent draws are split into by default.
+VI_CHAINS = 4
 
 
 @dataclass(frozen=True)
@@ -89,38 +91,53 @@ def posterior_draws(
     x: torch.Tensor,
     y: torch.Tensor | None = None,
     *,
-    num_samples: int = 500,
+    num_samples: int = 125,
+    num_chains: int | None = None,
 ) -> Draws:
     """Draw weights from a guide (or take a NUTS result's) and replay them through the model.
 
-    Vectorised over draws: one ``pyro.plate`` of ``S`` draws left of the model's plates.
+    Vectorised over draws: one ``pyro.plate`` of all draws left of the model's plates. A
+    guide's draws are independent, so splitting them into chains is only a reshape; it lets
+    ArviZ's R̂ and ESS, which need at least two chains, read them as they read MCMC's.
 
     Args:
         model: The model, e.g. a :class:`~pyro_bbb.BNN`.
         posterior: A trained guide or a :class:`~pyro_bbb.infer.mcmc.NUTSResult`.
         x: Inputs ``(batch, *features)``.
         y: Targets, or ``None``; only passed on to the model (which checks them).
-        num_samples: ``S`` for a guide (of each member, for an ensemble); a NUTS result uses
-            all its draws.
+        num_samples: Draws per chain from a guide (per member, for an ensemble); a NUTS
+            result uses all its draws.
+        num_chains: Chains of a guide's draws (``None``: 4). An ensemble's chains are its
+            members and a NUTS result's its own: ``None`` or their number.
 
     Returns:
-        :class:`Draws` with one chain for a guide, one per member for an
-        :class:`~pyro_bbb.infer.Ensemble`, the result's chains for NUTS.
+        :class:`Draws` with ``num_chains`` chains of ``num_samples`` draws for a guide, one
+        chain per member for an :class:`~pyro_bbb.infer.Ensemble`, the result's chains for
+        NUTS.
+
+    Raises:
+        ValueError: If ``num_samples`` or ``num_chains`` is not a positive int, or
+            ``num_chains`` differs from an ensemble's members or a NUTS result's chains.
     """
     observed = getattr(model, "observation_site", "obs")
     ensemble = isinstance(posterior, Ensemble)
+    check_int("num_chains", num_chains, optional=True)
     if isinstance(posterior, NUTSResult):
         chains, draws = posterior.num_chains, posterior.num_samples
+        _check_chains(num_chains, chains, "the NUTS result's chains")
         replayed_model, guide = replay_nuts(model, posterior)
         log_q = None
     else:
-        chains, draws = 1, check_int("num_samples", num_samples)
+        draws = check_int("num_samples", num_samples)
+        if ensemble:
+            chains = _check_chains(num_chains, posterior.num_members, "the ensemble's members")
+        else:
+            chains = VI_CHAINS if num_chains is None else num_chains
         guide, replayed_model = posterior, model
     replayed_model, nesting = model_in_plates(replayed_model, guide)
     nesting = nesting or 1
     # an ensemble's members are its chains, drawn by its own plate right of the draws'
     size = draws if ensemble else chains * draws
-    chains = posterior.num_members if ensemble else chains
     plate = pyro.plate(_DRAWS_PLATE, size, dim=-(nesting + 1))
     # The model checks y against its likelihood, but refuses more rows than num_data (a
     # minibatch of the training set); a larger test set is run without y and checked here.
@@ -157,6 +174,16 @@ def posterior_draws(
     return Draws(values, obs_fn, log_prior, log_q, draws_first=ensemble)
 
 
+def _check_chains(num_chains: int | None, chains: int, what: str) -> int:
+    """``chains``, after checking that ``num_chains`` is ``None`` or equal to it."""
+    if num_chains is not None and num_chains != chains:
+        raise ValueError(
+            f"num_chains={num_chains} but the chains are {what} ({chains}); pass "
+            f"num_chains=None or {chains}"
+        )
+    return chains
+
+
 def _per_draw(log_prob: torch.Tensor, num: int) -> torch.Tensor:
     """A log-density of shape ``(S, 1, ...)`` summed to ``(S,)``."""
     return log_prob.reshape(num, -1).sum(-1)
@@ -187,13 +214,15 @@ def to_inference_data(
     x: torch.Tensor,
     y: torch.Tensor,
     *,
-    num_samples: int = 500,
+    num_samples: int = 125,
+    num_chains: int | None = None,
     seed: int | None = None,
 ) -> az.InferenceData:
     r"""ArviZ ``InferenceData`` of a guide or a NUTS result, one schema for both.
 
-    Groups (``C`` chains, ``S`` draws; a guide is one chain of ``num_samples`` draws, an
-    :class:`~pyro_bbb.infer.Ensemble` one chain of ``num_samples`` draws per member):
+    Groups (``C`` chains, ``S`` draws; a guide's independent draws are split into
+    ``num_chains`` chains (4 by default) of ``num_samples`` draws, an
+    :class:`~pyro_bbb.infer.Ensemble` is one chain of ``num_samples`` draws per member):
 
     * ``posterior``: every sampled site by its name (``"0.weight"`` ``(C, S, out, in)``
       with dims ``("0.out", "0.in")``; a layer's weight and bias share ``"<layer>.out"``);
@@ -208,20 +237,33 @@ def to_inference_data(
       ``lp`` = :math:`\log p(y, w_s)` on the data given and ``log_q`` =
       :math:`\log q(w_s)`.
 
+    With at least two chains, ``az.summary``, ``az.ess`` and ``az.rhat`` run on a guide's
+    export as on NUTS's. For a guide R̂ is 1 up to the noise of the split (its draws are
+    independent; every chain has the same distribution) and the ESS is about the number of
+    draws: they check the export, not the fit. For an ensemble R̂ compares the members: well
+    above 1 means the members found different posteriors (modes), which is what an ensemble
+    is for.
+
     Args:
         model: The model, e.g. a :class:`~pyro_bbb.BNN`.
         posterior: A trained guide or a :class:`~pyro_bbb.infer.mcmc.NUTSResult`.
         x: Inputs ``(batch, *features)``: the training set or any other, e.g. a test set.
         y: Targets ``(batch[, dim])``.
-        num_samples: Draws from a guide (ignored for NUTS, which uses all its draws).
+        num_samples: Draws per chain from a guide, per member from an ensemble (ignored
+            for NUTS, which uses all its draws).
+        num_chains: Chains of a guide's draws; ``None`` takes 4. An ensemble's chains are
+            its members and a NUTS result's its own: ``None`` or their number.
         seed: Seed for the guide draws and predictive draws.
 
     Returns:
         An ``arviz.InferenceData``.
+
+    Raises:
+        ValueError: As :func:`posterior_draws`.
     """
     if seed is not None:
         pyro.set_rng_seed(seed)
-    draws = posterior_draws(model, posterior, x, y, num_samples=num_samples)
+    draws = posterior_draws(model, posterior, x, y, num_samples=num_samples, num_chains=num_chains)
     observed = getattr(model, "observation_site", "obs")
     dims = {name: site_dims(name, value.shape[2:]) for name, value in draws.values.items()}
     with torch.no_grad():

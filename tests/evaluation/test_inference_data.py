@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import warnings
 
 import arviz as az
@@ -32,7 +33,7 @@ def test_inference_data_has_the_same_schema_for_vi_and_nuts(nuts_result):
     x, y, mean, covariance, _ = conjugate_problem()
     model = linear_bnn(x)
     guide = exact_guide(model, x, y, mean, covariance)
-    vi = to_inference_data(model, guide, x, y, num_samples=200, seed=0)
+    vi = to_inference_data(model, guide, x, y, num_samples=50, seed=0)
     nuts = to_inference_data(model, nuts_result, x, y)
     for data in (vi, nuts):
         assert set(data.groups()) >= GROUPS
@@ -43,7 +44,7 @@ def test_inference_data_has_the_same_schema_for_vi_and_nuts(nuts_result):
         assert data.posterior_predictive["obs"].shape[2:] == (30,)
         assert torch.equal(torch.as_tensor(data.observed_data["obs"].values), y)
         assert torch.equal(torch.as_tensor(data.constant_data["x"].values), x)
-    assert vi.posterior["0.weight"].shape == (1, 200, 1, 3)
+    assert vi.posterior["0.weight"].shape == (4, 50, 1, 3)  # four chains of a guide's draws
     assert nuts.posterior["0.weight"].shape == (2, 150, 1, 3)
     assert set(vi.sample_stats.data_vars) == {"lp", "log_q"}
     assert {"lp", "diverging", "tree_depth", "step_size"} <= set(nuts.sample_stats.data_vars)
@@ -63,26 +64,27 @@ def test_vi_sample_stats_are_the_log_joint_and_log_q():
     x, y, mean, covariance, _ = conjugate_problem()
     model = linear_bnn(x)
     guide = exact_guide(model, x, y, mean, covariance)
-    data = to_inference_data(model, guide, x, y, num_samples=50, seed=1)
+    data = to_inference_data(model, guide, x, y, num_samples=50, num_chains=2, seed=1)
     w = torch.cat(
         [
-            torch.as_tensor(data.posterior["0.weight"].values).reshape(50, 3),
-            torch.as_tensor(data.posterior["0.bias"].values).reshape(50, 1),
+            torch.as_tensor(data.posterior["0.weight"].values).reshape(2, 50, 3),
+            torch.as_tensor(data.posterior["0.bias"].values).reshape(2, 50, 1),
         ],
-        dim=1,
+        dim=-1,
     )
     q = torch.distributions.MultivariateNormal(mean, covariance)
-    assert torch.allclose(torch.as_tensor(data.sample_stats["log_q"].values)[0], q.log_prob(w))
+    assert torch.allclose(torch.as_tensor(data.sample_stats["log_q"].values), q.log_prob(w))
     prior = torch.distributions.Normal(0.0, 1.0).log_prob(w).sum(-1)
-    lik = torch.distributions.Normal(w[:, :3] @ x.T + w[:, 3:], 0.5).log_prob(y).sum(-1)
-    assert torch.allclose(torch.as_tensor(data.sample_stats["lp"].values)[0], prior + lik)
+    loc = w[..., :3] @ x.T + w[..., 3:]
+    lik = torch.distributions.Normal(loc, 0.5).log_prob(y).sum(-1)
+    assert torch.allclose(torch.as_tensor(data.sample_stats["lp"].values), prior + lik)
 
 
 def test_arviz_functions_run_on_vi_and_nuts(nuts_result):
     x, y, mean, covariance, _ = conjugate_problem()
     model = linear_bnn(x)
     guide = exact_guide(model, x, y, mean, covariance)
-    vi = to_inference_data(model, guide, x, y, num_samples=300, seed=0)
+    vi = to_inference_data(model, guide, x, y, num_samples=75, seed=0)
     nuts = to_inference_data(model, nuts_result, x, y)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # a high Pareto k on 30 points is data
@@ -105,8 +107,8 @@ def test_classification_inference_data_and_labels():
     guide = bbb.MeanFieldGuide(model)
     data = to_inference_data(model, guide, x, y, num_samples=20, seed=0)
     predictive = torch.as_tensor(data.posterior_predictive["obs"].values)
-    assert predictive.shape == (1, 20, 40) and predictive.max() <= 2
-    assert data.log_likelihood["obs"].shape == (1, 20, 40)
+    assert predictive.shape == (4, 20, 40) and predictive.max() <= 2
+    assert data.log_likelihood["obs"].shape == (4, 20, 40)
     assert bool((torch.as_tensor(data.log_likelihood["obs"].values) <= 0).all())
 
 
@@ -138,3 +140,58 @@ def test_inference_data_on_a_test_set_larger_than_the_training_set(nuts_result):
     assert data.log_likelihood["obs"].shape == (2, 150, 100)
     with pytest.raises(ValueError, match=r"y must have shape \(100,\) for x, got \(100, 1\)"):
         to_inference_data(model, nuts_result, x_test, y_test.unsqueeze(-1))
+
+
+def _diagnose_without_warnings(data, caplog):
+    """az.summary, az.ess and az.rhat on ``data``, failing on any warning or ArviZ log line."""
+    with caplog.at_level(logging.WARNING), warnings.catch_warnings():
+        warnings.simplefilter("error")
+        summary, ess, rhat = az.summary(data), az.ess(data), az.rhat(data)
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
+    return summary, ess, rhat
+
+
+def test_a_guides_draws_are_four_chains_that_arviz_diagnoses_without_a_warning(caplog):
+    # One chain gave "Shape validation failed ... minimum_shape: (chains=2, draws=4)" and a
+    # NaN R-hat. The draws are independent: every chain has the posterior's distribution, so
+    # R-hat is 1 up to its noise and the ESS about the number of draws (500).
+    x, y, mean, covariance, _ = conjugate_problem()
+    model = linear_bnn(x)
+    guide = exact_guide(model, x, y, mean, covariance)
+    data = to_inference_data(model, guide, x, y, seed=0)
+    assert data.posterior.sizes["chain"] == 4 and data.posterior.sizes["draw"] == 125
+    summary, ess, rhat = _diagnose_without_warnings(data, caplog)
+    assert summary["r_hat"].notna().all() and (summary["r_hat"] < 1.03).all()
+    assert float(rhat["0.weight"].max()) < 1.03
+    assert 300 < float(ess["0.bias"].min()) < 800
+    two = to_inference_data(model, guide, x, y, num_samples=30, num_chains=2, seed=0)
+    assert two.posterior["0.weight"].shape == (2, 30, 1, 3)
+
+
+def test_an_ensembles_members_are_its_chains(caplog):
+    x, y, *_ = conjugate_problem()
+    model = linear_bnn(x)
+    ensemble = bbb.Ensemble(model, bbb.MeanFieldGuide, k=3)
+    data = to_inference_data(model, ensemble, x, y, num_samples=40, seed=0)
+    assert data.posterior["0.weight"].shape == (3, 40, 1, 3)
+    _diagnose_without_warnings(data, caplog)
+    assert (
+        to_inference_data(model, ensemble, x, y, num_samples=8, num_chains=3).posterior.sizes[
+            "chain"
+        ]
+        == 3
+    )
+    with pytest.raises(
+        ValueError, match=r"num_chains=4 but the chains are the ensemble's members \(3\)"
+    ):
+        to_inference_data(model, ensemble, x, y, num_chains=4)
+
+
+def test_num_chains_must_match_a_nuts_results_chains(nuts_result):
+    x, y, *_ = conjugate_problem()
+    with pytest.raises(
+        ValueError, match=r"num_chains=4 but the chains are the NUTS result's chains \(2\)"
+    ):
+        to_inference_data(linear_bnn(x), nuts_result, x, y, num_chains=4)
+    with pytest.raises(ValueError, match="num_chains must be a positive int, got 0"):
+        to_inference_data(linear_bnn(x), nuts_result, x, y, num_chains=0)
