@@ -9,9 +9,10 @@ and :func:`flipout` lower the gradient variance; :func:`run_nuts` samples the sa
 with NUTS, :func:`to_inference_data` exports VI and NUTS to ArviZ, :func:`psis_khat`
 diagnoses a guide and :func:`compare` sets two posteriors side by side. :func:`fit` trains
 data-parallel under ``torchrun`` and writes checkpoints it can resume from; :func:`save` and
-:func:`load` carry a trained model and guide to another process. :func:`fit` warns with
-:class:`PosteriorCollapseWarning` when the posterior ends at its prior while the network
-misses structure in the data.
+:func:`load` carry a trained model and guide to another process. :func:`fit` trains until
+it has converged by default and warns with :class:`ConvergenceWarning` when a run ends
+before, and with :class:`PosteriorCollapseWarning` when the posterior ends at its prior
+while the network misses structure in the data.
 
 The package mirrors Pyro's layout: :mod:`pyro_bbb.nn`, :mod:`pyro_bbb.priors`,
 :mod:`pyro_bbb.likelihoods` and :mod:`pyro_bbb.model` say what a BNN is;
@@ -43,7 +44,7 @@ from .infer import (
 from .io import load, save
 from .model import BNN
 from .nn import BayesianAffine, BayesianModule, bayesianize, mlp, summary
-from .training import Callback, History, fit
+from .training import Callback, ConvergenceWarning, History, fit
 
 __version__ = "0.1.0"
 
@@ -54,6 +55,7 @@ __all__ = [
     "Callback",
     "ClassificationPrediction",
     "Comparison",
+    "ConvergenceWarning",
     "DeltaGuide",
     "Ensemble",
     "History",

@@ -11,6 +11,7 @@ exact means ``m`` and variances :math:`1/\Lambda_{ii}` (Bishop 2006, §10.1.2).
 
 from __future__ import annotations
 
+import pyro
 import torch
 
 import pyro_bbb as bbb
@@ -31,6 +32,28 @@ def conjugate_problem(num_data=30, dim=3, seed=0):
     )
     covariance = torch.linalg.inv(precision)
     mean = covariance @ design.T @ y / NOISE**2
+    return x, y, mean, covariance, precision
+
+
+def random_conjugate_problem(num_data, dim, seed=0):
+    """A conjugate linear regression with random true weights: ``(x, y, mean, cov, precision)``.
+
+    ``dim`` standard normal features (the second correlated with the first, as in
+    :func:`conjugate_problem`), true weights and bias drawn from N(0, 1), noise ``NOISE``, prior
+    N(0, ``PRIOR_SCALE``²) on weights and bias: the problems of 2-8 features and 60-1,000
+    points the defaults of ``fit`` are measured on (``benchmarks/convergence.py``).
+    """
+    g = torch.Generator().manual_seed(1000 + seed)
+    x = torch.randn(num_data, dim, generator=g, dtype=torch.float64)
+    if dim > 1:
+        x[:, 1] += 0.8 * x[:, 0]
+    w = torch.randn(dim, generator=g, dtype=torch.float64)
+    b = torch.randn((), generator=g, dtype=torch.float64)
+    y = x @ w + b + NOISE * torch.randn(num_data, generator=g, dtype=torch.float64)
+    prior_precision = torch.eye(dim + 1, dtype=torch.float64) / PRIOR_SCALE**2
+    mean, covariance, precision = linear_posterior(
+        x, y, torch.zeros(dim + 1, dtype=torch.float64), prior_precision
+    )
     return x, y, mean, covariance, precision
 
 
@@ -75,4 +98,21 @@ def exact_guide(model, x, y, mean, covariance, shrink=1.0, name=None):
         factor = torch.linalg.cholesky(covariance - floor * identity) * shrink
         guide.factors_t.network.copy_(factor.mT)
     assert torch.allclose(guide.covariance("network"), shrink**2 * covariance)
+    return guide
+
+
+def optimal_mean_field(model, x, y, mean, precision):
+    """A MeanFieldGuide at mean-field's optimum: the exact means, variances 1 / diag(precision)."""
+    dim = x.shape[1]
+    init = {"0.weight": mean[:dim].reshape(1, dim), "0.bias": mean[dim:]}
+    guide = bbb.MeanFieldGuide(model, init_loc=init)
+    guide(x, y)
+    sd = precision.diagonal().rsqrt() - guide.min_scale
+    rho = torch.log(torch.expm1(sd))  # softplus(rho) + min_scale = sd + min_scale
+    store = pyro.get_param_store()
+    with torch.no_grad():
+        store["MeanFieldGuide.rhos.0.weight"].copy_(rho[:dim].reshape(1, dim))
+        store["MeanFieldGuide.rhos.0.bias"].copy_(rho[dim:])
+    loc, var = flat_posterior(guide)
+    assert torch.allclose(loc, mean) and torch.allclose(var, 1 / precision.diagonal())
     return guide

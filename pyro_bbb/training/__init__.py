@@ -8,6 +8,10 @@
   :mod:`~pyro_bbb.training.particles`: fit's default number of weight samples a step;
   :mod:`~pyro_bbb.training.callbacks`: the :class:`Callback` hooks;
 * :mod:`~pyro_bbb.training.minibatches`: the minibatches, their order and the data checks;
+* :mod:`~pyro_bbb.training.run_length`: how long a fit runs, a fixed number of epochs or
+  (``epochs=None``) the stages of :mod:`~pyro_bbb.training.auto_epochs` until it has
+  converged; :mod:`~pyro_bbb.training.convergence`: the convergence check and
+  :class:`ConvergenceWarning`;
 * :mod:`~pyro_bbb.training.history`: :class:`History`, the per-epoch record of a fit;
 * :mod:`~pyro_bbb.training.distributed`: data-parallel training on ``torch.distributed``;
 * :mod:`~pyro_bbb.training.checkpoint`: fit's checkpoints and resuming bit for bit;
@@ -20,6 +24,7 @@ imports this package; ``fit`` is built on it. Saving a trained model is :mod:`py
 
 from .callbacks import Callback
 from .continual import VCL
+from .convergence import Convergence, ConvergenceWarning, check_convergence
 from .coresets import select_coreset
 from .history import History
 from .loop import fit
@@ -28,9 +33,12 @@ from .lr_schedules import CosineDecay, InverseTimeDecay
 __all__ = [
     "VCL",
     "Callback",
+    "Convergence",
+    "ConvergenceWarning",
     "CosineDecay",
     "History",
     "InverseTimeDecay",
+    "check_convergence",
     "fit",
     "select_coreset",
 ]

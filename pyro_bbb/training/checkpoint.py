@@ -45,12 +45,20 @@ __all__ = ["Checkpointing", "FitState", "fit_options", "get_rng_state", "set_rng
 
 
 def fit_options(
-    x: Any, *, batch_size: int | None, shuffle: bool, num_particles: int, reparam: str | None
+    x: Any,
+    *,
+    batch_size: int | None,
+    shuffle: bool,
+    num_particles: int,
+    reparam: str | None,
+    epochs: int | None,
 ) -> dict[str, Any]:
     """The options of :func:`~pyro_bbb.fit` that a resume must repeat to be bit-identical.
 
     Each changes the steps taken: the minibatches (``batch_size``, ``shuffle``), the Monte
-    Carlo draws (``num_particles``) or the gradient estimator (``reparam``). For a
+    Carlo draws (``num_particles``), the gradient estimator (``reparam``) or who decides the
+    run's length (``automatic``, only in a run of ``epochs=None``, whose stages a fixed run
+    cannot follow). For a
     ``DataLoader`` the batch size is the loader's, and its order is its own (``shuffle`` is
     ``None``).
 
@@ -59,12 +67,15 @@ def fit_options(
     """
     if isinstance(x, DataLoader):
         batch_size, shuffle = x.batch_size, None
-    return {
+    options = {
         "batch_size": batch_size,
         "shuffle": shuffle,
         "num_particles": num_particles,
         "reparam": reparam,
     }
+    if epochs is None:  # a fixed run's checkpoint is as it was before automatic runs
+        options["automatic"] = True
+    return options
 
 
 @dataclass
@@ -108,7 +119,7 @@ class Checkpointing:
         checkpoint: File to write, or ``None``.
         every: Write every this many epochs (``None``: every epoch); needs ``checkpoint``.
         resume: Checkpoint to continue from, or ``None``; read here, on every process.
-        epochs: The fit's total number of epochs.
+        epochs: The fit's total number of epochs; ``None`` for an automatic run.
         world_size: The number of processes of this fit.
         options: This fit's :func:`fit_options`, written into checkpoints and compared with
             the ``resume`` file's.
@@ -127,7 +138,7 @@ class Checkpointing:
         every: int | None,
         resume: str | os.PathLike | None,
         *,
-        epochs: int,
+        epochs: int | None,
         world_size: int,
         options: dict[str, Any] | None = None,
     ) -> None:
@@ -148,7 +159,7 @@ class Checkpointing:
         self._where = f"resume={os.fspath(resume)!r}"
         payload = read_file(resume, argument="resume", kind=CHECKPOINT)
         done = len(payload["history"]["loss"])
-        if epochs < done:
+        if epochs is not None and epochs < done:
             raise ValueError(
                 f"epochs={epochs} is fewer than the {done} epochs already done in "
                 f"{self._where}; epochs is the total to reach, not the number to add"
@@ -163,6 +174,15 @@ class Checkpointing:
 
     def _check_options(self, written: dict[str, Any]) -> None:
         for name, value in written.items():
+            if name == "automatic" and self.options.get(name, False) != value:
+                kind, resume = (
+                    ("epochs=None (an automatic run)", "epochs=None")
+                    if value
+                    else ("a fixed number of epochs", "epochs= the total to reach")
+                )
+                raise ValueError(
+                    f"{self._where} was written by a fit with {kind}; resume it with {resume}"
+                )
             if name in self.options and self.options[name] != value:
                 raise ValueError(
                     f"{self._where} was written by a fit with {name}={value!r}; this one has "
@@ -212,6 +232,8 @@ class Checkpointing:
                 setattr(state.history, name, list(values))
         missing = len(state.history.loss) - len(state.history.lr)  # written before History.lr
         state.history.lr[:0] = [math.nan] * missing
+        missing = len(state.history.loss) - len(state.history.stage)  # before History.stage
+        state.history.stage[:0] = [""] * missing
         set_rng_state(payload["rng"][rank])
 
     def after_epoch(self, state: FitState, parallel: DataParallel, *, final: bool) -> None:

@@ -6,6 +6,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .convergence import Convergence
 
 __all__ = ["History"]
 
@@ -30,9 +34,15 @@ class History:
             its prior at the end of the epoch; ``nan`` for a guide whose marginals are not
             known. Most weights at the prior while the noise explains the targets is
             posterior collapse (see :class:`~pyro_bbb.PosteriorCollapseWarning`).
+        stage: The stage of an automatic run (``fit(epochs=None)``) each epoch was in:
+            ``"fit"`` (β = 0), ``"warmup"``, ``"train"`` (full rate) or ``"decay"``; ``""``
+            in a run of fixed length.
         num_data: Number of training points ``N``.
         num_particles: Weight samples per step (what ``fit``'s ``num_particles=None``
             resolved to, or the number passed).
+        convergence: The convergence check of the fit's end
+            (:class:`~pyro_bbb.training.convergence.Convergence`: ``converged``, the epochs
+            read, the trends and a message), or ``None`` before ``fit`` has checked.
     """
 
     num_data: int
@@ -46,6 +56,8 @@ class History:
     seconds: list[float] = field(default_factory=list)
     steps: list[int] = field(default_factory=list)
     collapsed: list[float] = field(default_factory=list)
+    stage: list[str] = field(default_factory=list)
+    convergence: Convergence | None = None
 
     def __len__(self) -> int:
         return len(self.loss)
@@ -64,10 +76,16 @@ class History:
         """
         return [n + k for n, k in zip(self.nll, self.kl, strict=True)]
 
-    def as_dict(self) -> dict[str, list[float] | list[int]]:
+    @property
+    def converged(self) -> bool | None:
+        """Whether the fit passed its convergence check; ``None`` before it was checked."""
+        return None if self.convergence is None else self.convergence.converged
+
+    def as_dict(self) -> dict[str, list[float] | list[int] | list[str]]:
         """The per-epoch lists by name (e.g. for a ``pandas.DataFrame``)."""
         names = (
             "loss", "loss_per_datum", "nll", "kl", "beta", "lr", "seconds", "steps", "collapsed",
+            "stage",
         )  # fmt: skip
         return {name: list(getattr(self, name)) for name in names}
 

@@ -7,9 +7,10 @@ out) with one ``torch.optim`` optimiser over every parameter of the model and gu
 (:mod:`~pyro_bbb.training.lr_schedules`). Each concern of a run is a part with a name, read
 and tested on its own: the minibatches (:mod:`~pyro_bbb.training.minibatches`), the process
 group (:mod:`~pyro_bbb.training.distributed`), checkpoints and resuming
-(:mod:`~pyro_bbb.training.checkpoint`), the hooks (:mod:`~pyro_bbb.training.callbacks`) and
-the collapse check (:mod:`~pyro_bbb.infer.collapse`); this module sets them up in order and
-runs the epochs.
+(:mod:`~pyro_bbb.training.checkpoint`), the hooks (:mod:`~pyro_bbb.training.callbacks`),
+the run's length (:mod:`~pyro_bbb.training.run_length`), the convergence check
+(:mod:`~pyro_bbb.training.convergence`) and the collapse check
+(:mod:`~pyro_bbb.infer.collapse`); this module sets them up in order and runs the epochs.
 """
 
 from __future__ import annotations
@@ -32,15 +33,17 @@ from ..infer.collapse import CollapseMonitor, diagnose_collapse, warn_if_collaps
 from ..infer.elbo import AnnealedELBO, ELBOTerms
 from ..infer.fused import FusedELBO, fused_elbo
 from ..infer.reparam import estimator, warn_mixed_estimators
-from ..infer.schedules import ScheduleLike, as_schedule, delayed_warmup
+from ..infer.schedules import ScheduleLike
 from .callbacks import Callback
 from .checkpoint import Checkpointing, FitState, fit_options
+from .convergence import warn_if_not_converged
 from .distributed import DataParallel, data_parallel
 from .history import History
-from .lr_schedules import InverseTimeDecay, LRSchedule, LRScheduleLike
+from .lr_schedules import LRSchedule, LRScheduleLike
 from .minibatches import Batches, check_likelihood_scale, make_batches
 from .optimizers import OptimizerSpec, make_optimizer
 from .particles import default_num_particles, draw_size
+from .run_length import RunLength, check_automatic, run_length
 from .steps import EpochRecord, Steps
 
 __all__ = ["fit"]
@@ -52,7 +55,7 @@ def fit(
     x: torch.Tensor | DataLoader,
     y: torch.Tensor | None = None,
     *,
-    epochs: int = 100,
+    epochs: int | None = None,
     batch_size: int | None = None,
     lr: float = 1e-2,
     optimizer: OptimizerSpec | None = None,
@@ -68,6 +71,7 @@ def fit(
     checkpoint: str | os.PathLike | None = None,
     checkpoint_every: int | None = None,
     resume: str | os.PathLike | None = None,
+    max_steps: int | None = None,
 ) -> History:
     r"""Train a guide (and the model's point-estimated parameters) by maximising the ELBO.
 
@@ -94,10 +98,21 @@ def fit(
     evaluates the same ELBO, with the same random draws, without tracing the two programs
     (:mod:`~pyro_bbb.infer.fused`); every other model, guide or handler is traced.
 
+    **How long.** ``epochs=None`` (the default) trains until the fit has converged
+    (:mod:`~pyro_bbb.training.auto_epochs`): β = 0 until the β = 1 loss stops falling, a
+    warm-up over half that time, the full rate until the convergence check passes, then the
+    rate's decay, within ``max_steps``; ``History.stage`` records each epoch's stage and
+    ``len(history)`` the run's length. ``epochs=E`` runs ``E`` epochs with β's warm-up and
+    the rate's decay drawn over them, as before. Either way the fit ends with the
+    convergence check (:mod:`~pyro_bbb.training.convergence`: the β = 1 loss no longer falls
+    and its KL part no longer moves where the rate was at its height), recorded as
+    ``History.convergence``.
+
     **Checkpoints.** ``checkpoint=PATH`` writes, atomically, every ``checkpoint_every``
     epochs and at the end, what a bit-identical resume needs: parameters, optimiser state,
     History and every random state. ``resume=PATH`` continues such a fit up to ``epochs``
-    in total; ``resume`` and ``checkpoint`` may name the same file.
+    in total (an automatic run, ``epochs=None``, continues its stages); ``resume`` and
+    ``checkpoint`` may name the same file.
 
     Args:
         model: A :class:`~pyro_bbb.BNN` (or any Pyro model ``model(x, y)`` with a data plate
@@ -107,7 +122,9 @@ def fit(
         x: Features ``(N, *features)``, or a ``DataLoader`` yielding ``(x, y)`` batches (then
             ``y`` must be ``None`` and ``batch_size``/``shuffle`` are the loader's).
         y: Targets ``(N,)`` or ``(N, dim)``.
-        epochs: Passes over the data.
+        epochs: Passes over the data; ``None`` (the default) trains until the convergence
+            check passes, at most ``max_steps`` optimiser steps (a few thousand full-batch
+            epochs on a small problem; see :mod:`~pyro_bbb.training.auto_epochs`).
         batch_size: Minibatch size ``B`` per process; ``None`` for the full batch (the
             process's whole share of the data).
         lr: Learning rate of the default Adam optimiser.
@@ -124,8 +141,9 @@ def fit(
             of the epochs, then decays it as the inverse of the steps to 1 % of it at the
             last epoch (:class:`~pyro_bbb.training.lr_schedules.InverseTimeDecay`): with one
             weight sample per step the posterior's scales settle only once the rate falls.
-            Like ``beta`` it is drawn over ``epochs``. The rate of each epoch is in
-            ``History.lr``.
+            Like ``beta`` it is drawn over ``epochs``; with ``epochs=None`` the decay starts
+            where the check passes, and a number (a constant factor) ends the run there
+            instead. The rate of each epoch is in ``History.lr``.
         beta: KL weight: a number, a :mod:`~pyro_bbb.infer.schedules` schedule
             (``LinearWarmup(20)``, ``SigmoidWarmup(...)``, ``CyclicalAnnealing(...)``) or any
             callable of the epoch. ``None`` (the default) fits the likelihood first:
@@ -133,8 +151,9 @@ def fit(
             plain ELBO (:func:`~pyro_bbb.infer.schedules.delayed_warmup`); it keeps a guide
             started wide from settling at the prior on small data. It is drawn over
             ``epochs``: a fit resumed with other ``epochs`` follows another schedule, so pass
-            one explicitly to extend a run. Pass ``beta=1.0`` for the plain ELBO
-            throughout, e.g. to continue a fit.
+            one explicitly to extend a run; with ``epochs=None`` the warm-up is placed where
+            the run is, and only ``None`` or a number is taken. Pass ``beta=1.0`` for the
+            plain ELBO throughout, e.g. to continue a fit.
         num_particles: Weight samples per step, vectorised over a leading dim. ``None``
             (the default) takes as many as keep a step's drawn weights times minibatch rows,
             over all samples, within 262,144, between 1 and 8
@@ -169,12 +188,19 @@ def fit(
             rate and a torch scheduler's state), History, β's position and random states
             come from it. ``model`` and ``guide`` are built as for the interrupted fit; the
             guide need not be set up. ``batch_size``, ``shuffle``, ``num_particles`` and
-            ``reparam`` must be the interrupted fit's.
+            ``reparam`` must be the interrupted fit's, and ``epochs`` ``None`` again for an
+            automatic run.
+        max_steps: The cap of an automatic run (``epochs=None``), in optimiser steps;
+            ``None`` for 50,000. A stage the cap ends before its test passed is reported.
 
     Returns:
         The :class:`History` of the fit.
 
     Warns:
+        ConvergenceWarning: When the fit ends before the convergence check passes (a run
+            too short, or one cut by ``max_steps``); the message says what still moved, by
+            how much, over which epochs, and what to change. ``History.converged`` is
+            ``False`` then.
         PosteriorCollapseWarning: When training ends with most weights at their prior and the
             predictive mean missing structure in the data (up to 2,048 training points; see
             :mod:`pyro_bbb.infer.collapse`); the message gives the measurements and what to
@@ -183,26 +209,29 @@ def fit(
     Raises:
         ValueError: On bad data (shapes, dtypes, NaN/inf, labels out of range, a data set
             whose size is not the model's ``num_data``), on a model that does not scale a
-            minibatch's log-likelihood by ``N / B``, or on bad options; a ``resume`` file
-            that is not a checkpoint, is from another model, was written with another
-            ``batch_size``, ``shuffle``, ``num_particles`` or ``reparam`` (the error names
-            both values), or has done more than ``epochs`` epochs.
+            minibatch's log-likelihood by ``N / B``, or on bad options (``max_steps`` with
+            ``epochs``; a ``beta`` or ``lr_schedule`` schedule with ``epochs=None``); a
+            ``resume`` file that is not a checkpoint, is from another model, was written with
+            another ``batch_size``, ``shuffle``, ``num_particles`` or ``reparam`` (the error
+            names both values), by a fixed run resumed with ``epochs=None`` or the other way
+            round, or has done more than ``epochs`` epochs.
         FileNotFoundError: If ``resume`` names no file.
         FloatingPointError: When the loss becomes NaN or inf, naming the epoch, step and
             the sites whose terms are not finite.
     """
     # the run: its options, processes, checkpoints, device, seed and data
-    check_int("epochs", epochs)
+    check_int("epochs", epochs, optional=True)
     check_int("batch_size", batch_size, optional=True)
     check_int("num_particles", num_particles, optional=True)
     check_positive_number("lr", lr)
-    schedule = delayed_warmup(epochs) if beta is None else as_schedule(beta)
+    check_automatic(epochs, max_steps, beta, lr_schedule)
     handler = estimator(reparam)
     warn_mixed_estimators(model, reparam)
     parallel = data_parallel()  # a world of one unless torch.distributed is initialised
     options = fit_options(
-        x, batch_size=batch_size, shuffle=shuffle, num_particles=num_particles, reparam=reparam
-    )
+        x, batch_size=batch_size, shuffle=shuffle, num_particles=num_particles, reparam=reparam,
+        epochs=epochs,
+    )  # fmt: skip
     saving = Checkpointing(
         checkpoint, checkpoint_every, resume, epochs=epochs, world_size=parallel.world_size,
         options=options,
@@ -212,6 +241,7 @@ def fit(
         model, x, y, batch_size, shuffle, data_device,
         seed=saving.order_seed(seed), rank=parallel.rank, world_size=parallel.world_size,
     )  # fmt: skip
+    length, schedule, lr_schedule = run_length(epochs, max_steps, len(batches), beta, lr_schedule)
 
     # the objective, the parameters it creates, the optimiser, where the fit starts from
     elbo = AnnealedELBO(schedule(0.0), num_particles=num_particles or 1)
@@ -223,11 +253,12 @@ def fit(
         elbo.set_num_particles(default_num_particles(draws, rows))  # its set-up is kept
     fused = _fused(model, guide, elbo, reparam, first_terms, params)
     optim = make_optimizer(optimizer, params, lr)
-    rates = LRSchedule(InverseTimeDecay(epochs) if lr_schedule is None else lr_schedule, optim)
+    rates = LRSchedule(lr_schedule, optim)
     parallel.broadcast_(params)  # every process starts from rank 0's parameters
     history = History(num_data=batches.num_data, num_particles=elbo.num_particles)
     state = FitState(model, guide, named, params, optim, history, batches.seed, first, rates)
     _resume_or_seed(state, saving, parallel, seed)
+    length.restore(history)
     monitor = CollapseMonitor(model, guide, *first)
 
     # the epochs
@@ -235,22 +266,25 @@ def fit(
     for callback in callbacks:
         callback.on_fit_start(params, history)
     show = (sys.stderr.isatty() if progress is None else progress) and parallel.is_main
-    bar = _Progress(epochs, show, initial=len(history))
+    bar = _Progress(length.total, show, initial=len(history))
     done = history.steps[-1] if history.steps else 0
     steps = Steps(
         model, guide, elbo, handler, optim, params, parallel, callbacks, rates,
         step=done, fused=fused,
     )  # fmt: skip
-    for epoch in range(len(history), epochs):
+    for epoch in length.run(len(history)):
         record = steps.epoch(batches, epoch, schedule)
-        _append(history, record, collapsed=monitor.fraction())
-        bar.update(record, elbo.beta)
+        _append(history, record, collapsed=monitor.fraction(), stage=length.stage(epoch))
+        length.after_epoch(history, optim)
+        bar.update(record, elbo.beta, length)
         stop = any(callback.on_epoch_end(epoch, history) for callback in callbacks)
-        saving.after_epoch(state, parallel, final=stop or epoch == epochs - 1)
+        saving.after_epoch(state, parallel, final=stop or length.finished)
         if stop:
             break
     bar.close()
+    history.convergence = length.convergence(history)
     if parallel.is_main:
+        warn_if_not_converged(history.convergence, stacklevel=2)
         _check_collapse(model, guide, history, batches)
     return history
 
@@ -352,7 +386,7 @@ def _resume_or_seed(
         parallel.seed_noise(seed)
 
 
-def _append(history: History, record: EpochRecord, *, collapsed: float) -> None:
+def _append(history: History, record: EpochRecord, *, collapsed: float, stage: str) -> None:
     """Append one epoch to every list of ``history``."""
     history.loss.append(record.loss)
     history.loss_per_datum.append(record.loss / history.num_data)
@@ -363,6 +397,7 @@ def _append(history: History, record: EpochRecord, *, collapsed: float) -> None:
     history.seconds.append(record.seconds)
     history.steps.append(record.steps)
     history.collapsed.append(collapsed)
+    history.stage.append(stage)
 
 
 def _check_collapse(model, guide, history: History, batches: Batches) -> None:
@@ -390,9 +425,13 @@ def _unique(tensors: Iterable[torch.Tensor]) -> list[torch.Tensor]:
 
 
 class _Progress:
-    """A tqdm bar over the epochs with the last epoch's losses, or nothing if not shown."""
+    """A tqdm bar over the epochs with the last epoch's losses, or nothing if not shown.
 
-    def __init__(self, epochs: int, show: bool, initial: int = 0) -> None:
+    An automatic run's length is unknown until its decay begins: the bar counts epochs and
+    shows the stage until then, and its total once known.
+    """
+
+    def __init__(self, epochs: int | None, show: bool, initial: int = 0) -> None:
         self._bar = None
         if show:
             from tqdm.auto import tqdm
@@ -401,12 +440,15 @@ class _Progress:
                 total=epochs, initial=initial, desc="fit", unit="epoch", dynamic_ncols=True
             )
 
-    def update(self, record: EpochRecord, beta: float) -> None:
+    def update(self, record: EpochRecord, beta: float, length: RunLength) -> None:
         if self._bar is not None:
+            if length.total is not None and self._bar.total != length.total:
+                self._bar.total = length.total
             self._bar.update(1)
+            stage = {"stage": length.current} if length.current else {}
             self._bar.set_postfix(
                 loss=f"{record.loss:.4g}", nll=f"{record.nll:.4g}", kl=f"{record.kl:.4g}",
-                beta=f"{beta:.2g}",
+                beta=f"{beta:.2g}", **stage,
             )  # fmt: skip
 
     def close(self) -> None:

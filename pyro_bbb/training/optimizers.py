@@ -2,7 +2,9 @@
 
 Pyro's ``PyroOptim`` builds one optimiser per parameter, which costs more than the network
 on small models; ``fit`` builds one over all of them, by default ``torch.optim.Adam`` with
-its fused implementation where the parameters allow it. Nothing here trains.
+its fused implementation where the parameters allow it; :func:`reset_moments` makes it
+forget its running statistics (an automatic run does where β reaches 1). Nothing here
+trains.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from collections.abc import Callable
 
 import torch
 
-__all__ = ["OptimizerSpec", "make_optimizer"]
+__all__ = ["OptimizerSpec", "make_optimizer", "reset_moments"]
 
 OptimizerSpec = type[torch.optim.Optimizer] | Callable[[list[torch.Tensor]], torch.optim.Optimizer]
 """A ``torch.optim.Optimizer`` class (built with ``lr``) or a function params -> optimiser."""
@@ -59,3 +61,34 @@ def make_optimizer(
         "optimizer must be a torch.optim.Optimizer class or a function params -> optimizer, "
         f"got {spec!r}"
     )
+
+
+def reset_moments(optimizer: torch.optim.Optimizer) -> None:
+    """Zero an optimiser's running moments and step counts in place, as if it had just begun.
+
+    For Adam and its kin (AdamW, Adamax, NAdam, RAdam), RMSprop, Adagrad and SGD with
+    momentum every state tensor is a running statistic or a count that starts at zero, and
+    the next step re-starts the bias correction. The tensors keep their identity (a captured
+    CUDA graph still reads them); other optimisers' state is left as it is.
+    """
+    if not isinstance(optimizer, _RESETTABLE):
+        return
+    with torch.no_grad():
+        for state in optimizer.state.values():
+            for key, value in state.items():
+                if isinstance(value, torch.Tensor):
+                    value.zero_()
+                elif isinstance(value, (int, float)):
+                    state[key] = type(value)(0)
+
+
+_RESETTABLE = (
+    torch.optim.Adam,
+    torch.optim.AdamW,
+    torch.optim.Adamax,
+    torch.optim.NAdam,
+    torch.optim.RAdam,
+    torch.optim.RMSprop,
+    torch.optim.Adagrad,
+    torch.optim.SGD,
+)
