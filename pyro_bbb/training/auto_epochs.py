@@ -13,8 +13,8 @@ actually is, in four stages, each ended by what the per-epoch record shows:
    loss no longer falls and its KL part no longer moves.
 4. ``"decay"``: the rate falls as :math:`1/(1 + t/t_0)`
    (:class:`~pyro_bbb.training.lr_schedules.InverseTimeDecay`), :math:`t_0` the
-   autocorrelation time of the KL in ``"train"``, to 1 % of ``lr`` over :math:`100 t_0`
-   epochs (at most as many as the run so far), then the run ends.
+   autocorrelation time of the KL in ``"train"``, towards 0.3 % of ``lr`` (:math:`332 t_0`
+   epochs, at most as many as the run so far), then the run ends.
 
 Where β reaches 1 the optimiser's running moments are zeroed
 (:func:`~pyro_bbb.training.optimizers.reset_moments`). Adam normalises each step by a
@@ -63,11 +63,8 @@ MAX_STEPS = 50_000
 MIN_STAGE_STEPS = 200
 #: The warm-up's length as a share of the likelihood-only stage's.
 RAMP_SHARE = 0.5
-#: The decay's length in autocorrelation times of the full-rate stage's KL (at most the
-#: epochs before it).
-DECAY_TAUS = 100
-#: The lowest factor of ``lr`` the decay reaches (higher when the decay is short).
-DECAY_FLOOR = 0.01
+#: The factor of ``lr`` the decay falls to, when the epochs before it allow (higher if not).
+DECAY_FLOOR = 0.003
 #: The share of ``max_steps`` the ``"fit"`` stage may take, and where ``"train"`` must end.
 _FIT_CAP, _TRAIN_CAP = 0.2, 0.7
 #: The stages of an automatic run, in order.
@@ -202,16 +199,16 @@ class AutoEpochs:
         The rate :math:`1/(1 + t/t_0)` lets the parameters follow it down, each rate long
         enough for them to settle there, when :math:`t_0` is at least the time they take to
         forget where they were: the autocorrelation time :math:`\tau` of the KL over the last
-        half of ``"train"``. Falling to 1 % then takes :math:`99\tau`; faster, they freeze
-        wherever the fall finds them (the error a decay that is too short leaves). The decay
-        takes :math:`100\tau` epochs, at most as many as the run so far, and when shorter it
-        stops at the floor :math:`\tau/(\tau + \text{length})`, which keeps
-        :math:`t_0 = \tau`.
+        half of ``"train"``. Falling to :data:`DECAY_FLOOR` (0.3 %) then takes
+        :math:`332\tau`; faster, they freeze wherever the fall finds them (the error a decay
+        that is too short leaves). The decay takes that long, at most as many epochs as the
+        run so far, and when shorter it stops at the floor :math:`\tau/(\tau +
+        \text{length})`, which keeps :math:`t_0 = \tau`.
         """
         train = self.starts["train"]
         window = history.kl[start - (start - train) // 2 : start]
         tau = autocorrelation_time(window) if len(window) >= MIN_WINDOW else 1.0
-        length = max(self.min_stage, min(math.ceil(DECAY_TAUS * tau), start))
+        length = max(self.min_stage, min(math.ceil(tau * (1 / DECAY_FLOOR - 1)), start))
         return length, max(DECAY_FLOOR, tau / (tau + length))
 
     # ---------------------------------------------------------------- resuming

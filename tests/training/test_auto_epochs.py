@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import warnings
 
 import pyro
@@ -10,7 +11,7 @@ import torch
 
 import pyro_bbb as bbb
 from pyro_bbb.training.auto_epochs import AutoEpochs
-from pyro_bbb.training.convergence import ConvergenceWarning
+from pyro_bbb.training.convergence import ConvergenceWarning, autocorrelation_time
 from pyro_bbb.training.optimizers import reset_moments
 
 from ..problems import linear_bnn, random_conjugate_problem
@@ -53,12 +54,19 @@ def test_an_automatic_fit_runs_its_stages_in_order_and_ends_converged(auto_run):
     assert ramp == sorted(ramp) and 0 <= ramp[0] < ramp[-1] < 1
     assert first["train"] - first["warmup"] == max(200, round(first["warmup"] / 2))
     assert set(history.beta[first["train"] :]) == {1.0}
-    # the rate: lr until the decay, then down to 1 % of it at the last epoch
+    # the rate: lr until the decay, then as 1 / (1 + t / tau) towards 0.3 % of it (332 tau
+    # epochs, at most as many as before it), tau the KL's autocorrelation time over the last
+    # half of "train"
     assert set(history.lr[: first["decay"]]) == {0.01}
     decay = history.lr[first["decay"] :]
-    assert decay == sorted(decay, reverse=True) and decay[-1] == pytest.approx(1e-4, rel=0.05)
-    # the check read the last half of the full-rate stage, which its test passed on
     start, end = first["train"], first["decay"]
+    tau = autocorrelation_time(history.kl[end - (end - start) // 2 : end])
+    assert len(decay) == max(200, min(math.ceil(tau * (1 / 0.003 - 1)), end))
+    floor = max(0.003, tau / (tau + len(decay)))
+    u = (len(decay) - 1) / len(decay)
+    assert decay == sorted(decay, reverse=True)
+    assert decay[-1] == pytest.approx(0.01 / (1 + (1 / floor - 1) * u), rel=1e-6)
+    # the check read the last half of the full-rate stage, which its test passed on
     assert history.convergence.window == (end - (end - start) // 2, end - 1)
 
 
