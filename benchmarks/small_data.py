@@ -187,8 +187,11 @@ def run_candidate(name, problem, init_scale, seed):
         model, guide = build(problem, init_scale, seed)
     if name == "default":
         _fit(model, guide, problem, epochs, seed)
-    elif name == "particles":  # fit's defaults now: the default, and samples by network size
+    elif name == "particles":  # the fixed-length default: its schedule, samples by network size
         _fit(model, guide, problem, epochs, seed, num_particles=None)
+    elif name == "auto":  # fit's defaults now: epochs=None, trained until converged
+        history = _fit(model, guide, problem, None, seed, num_particles=None)
+        guide.epochs_run = len(history)  # recorded with the scores
     elif name == "const_lr":  # the default beta with a constant learning rate
         _fit(model, guide, problem, epochs, seed, lr_schedule=1.0)
     elif name == "ensemble5":  # five mean-field guides trained as one, fit's defaults
@@ -460,6 +463,7 @@ def main(argv=None):
                         "key": key,
                         **score(problem, model, guide),
                         "seconds": time.perf_counter() - start,
+                        "epochs": getattr(guide, "epochs_run", problem.epochs),
                     }
                     _append(args.out, record)
                     print(json.dumps(record), flush=True)

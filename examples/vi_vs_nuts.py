@@ -89,7 +89,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--num-data", type=int, default=40)
     parser.add_argument("--hidden", type=int, default=10)
-    parser.add_argument("--epochs", type=int, default=3000)
+    parser.add_argument(
+        "--epochs",
+        type=lambda text: None if text == "auto" else int(text),
+        default=3000,
+        help="epochs of every fit (3000); auto: fit's epochs=None, trained until converged",
+    )
     parser.add_argument("--members", type=int, default=5, help="members of each ensemble")
     parser.add_argument("--chains", type=int, default=4)
     parser.add_argument("--samples", type=int, default=500)
@@ -136,7 +141,8 @@ def main() -> None:
             seed=0,
             progress=False,
         )  # fmt: skip  (point masses: MAP weights, the prior as weight decay)
-        print(f"{name}: {args.epochs} epochs in {sum(histories[name].seconds):.1f} s")
+        run = histories[name]
+        print(f"{name}: {len(run)} epochs in {sum(run.seconds):.1f} s, converged {run.converged}")
 
     nuts = bbb.run_nuts(
         model, x, y, num_samples=args.samples, warmup_steps=args.warmup,

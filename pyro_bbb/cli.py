@@ -87,7 +87,8 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def _particles(text: str) -> int | None:
+def _positive_int_or_auto(text: str) -> int | None:
+    """A positive int, or ``None`` for ``"auto"``."""
     return None if text == "auto" else _positive_int(text)
 
 
@@ -129,7 +130,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         default="local",
         help="the BNN's gradient estimator (none: sample the weights)",
     )
-    uci.add_argument("--epochs", type=_positive_int, default=None, help="training epochs")
+    uci.add_argument(
+        "--epochs",
+        type=_positive_int_or_auto,
+        default=2000,
+        help="training epochs (2000); auto: train until fit's convergence check passes",
+    )
     uci.add_argument("--batch-size", type=_positive_int, default=None)
     uci.add_argument("--lr", type=float, default=None, help="Adam learning rate")
     uci.add_argument(
@@ -146,7 +152,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     uci.add_argument("--members", type=_positive_int, default=None, help="ensemble size (5)")
     uci.add_argument(
         "--num-particles",
-        type=_particles,
+        type=_positive_int_or_auto,
         default=1,
         help="the BNN's weight samples per step (1); auto: fit's default for the network",
     )
@@ -172,7 +178,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             "num_particles": args.num_particles,
             "seed": args.seed,
         }
-        for name in ("epochs", "batch_size", "lr", "hold", "members"):
+        options["epochs"] = args.epochs
+        for name in ("batch_size", "lr", "hold", "members"):
             if getattr(args, name) is not None:
                 options[name] = getattr(args, name)
         bench_uci(

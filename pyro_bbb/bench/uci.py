@@ -96,7 +96,9 @@ class UCIConfig:
 
     Attributes:
         epochs: Passes over the training rows (the folders' ``n_epochs.txt`` says 40, too few
-            for mean-field VI; see ``docs/benchmarks.md``).
+            for mean-field VI; see ``docs/benchmarks.md``); ``None`` trains every method until
+            :func:`~pyro_bbb.fit`'s convergence check passes (``fit(epochs=None)``, which places
+            the BNN's β warm-up itself: ``hold`` and ``warmup`` are then not used).
         batch_size: Minibatch size; ``None`` (the default) trains on the full batch, one step
             per epoch.
         lr: Adam learning rate.
@@ -121,7 +123,7 @@ class UCIConfig:
         seed: Split ``k`` is trained with seed ``seed + k``, the same for every method.
     """
 
-    epochs: int = 2000
+    epochs: int | None = 2000
     batch_size: int | None = None
     lr: float = 1e-2
     guide: Literal["meanfield", "lowrank"] = "meanfield"
@@ -140,8 +142,13 @@ class UCIConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("epochs", "num_samples", "rank", "members"):
+        for name in ("num_samples", "rank", "members"):
             check_int(name, getattr(self, name))
+        check_int("epochs", self.epochs, optional=True)
+        if self.epochs is None and self.beta != 1:
+            raise ValueError(
+                f"epochs=None warms beta up to 1 itself; beta={self.beta} needs a fixed epochs"
+            )
         check_int("batch_size", self.batch_size, optional=True)
         check_int("num_particles", self.num_particles, optional=True)
         check_int("n_hidden", self.n_hidden, optional=True)
@@ -218,9 +225,13 @@ def fit_split(
         pyro.set_rng_seed(seed)
         model, guide = _build(method, split.x_train.shape[1], n_hidden, len(split.x_train), config)
         if method in ("bnn", "bnn_ensemble"):
-            beta: Any = LinearWarmup(
-                config.warmup * config.epochs, end=config.beta, delay=config.hold * config.epochs
-            )
+            beta: Any = None  # an automatic run's own warm-up
+            if config.epochs is not None:
+                beta = LinearWarmup(
+                    config.warmup * config.epochs,
+                    end=config.beta,
+                    delay=config.hold * config.epochs,
+                )
             reparam, particles = config.reparam, config.num_particles
         else:
             beta, reparam = 1.0, None  # the log prior as weight decay, at full weight

@@ -207,12 +207,18 @@ class UCIResults:
             lines.append("")
         c = self.config
         guide = c.guide + (f" (rank {c.rank})" if c.guide == "lowrank" else "")
+        if c.epochs is None:
+            length, warmup = "epochs until converged (fit's epochs=None)", "fit's own β warm-up"
+        else:
+            length = f"{c.epochs} epochs"
+            warmup = (
+                f"β 0 for the first {c.hold:.0%} of the epochs, then linear to {c.beta:g} over "
+                f"the next {c.warmup:.0%}"
+            )
         lines.append(
-            f"{c.epochs} epochs, batch {c.batch_size or 'full'}, Adam lr {c.lr:g} under fit's "
+            f"{length}, batch {c.batch_size or 'full'}, Adam lr {c.lr:g} under fit's "
             "default learning-rate schedule; "
-            f"BNN: {guide} guide, reparam {c.reparam}, initial σ {c.init_scale:g}, "
-            f"β 0 for the first {c.hold:.0%} of the epochs, then linear to {c.beta:g} over "
-            f"the next {c.warmup:.0%}; "
+            f"BNN: {guide} guide, reparam {c.reparam}, initial σ {c.init_scale:g}, {warmup}; "
             f"MC dropout p = {c.dropout:g}; ensembles of {c.members}; "
             f"{c.num_samples} predictive samples. "
             f"Wall time {self.seconds:.0f} s with {self.jobs} worker(s); CPU time "
