@@ -52,8 +52,9 @@ from pyro.poutine.runtime import Message
 
 from ..likelihoods import Bernoulli, Categorical, Gaussian
 from ..model import BNN
-from ..nn.affine import AffineMap, sample_shape_of
+from ..nn.affine import AffineMap
 from ..nn.layers import BayesianAffine
+from ..nn.sample_dims import current_draw, sample_shape_of
 from ._low_rank_block import LowRankBlock
 from .elbo import AnnealedELBO, ELBOTerms
 from .ensemble import Ensemble
@@ -263,9 +264,14 @@ class _GivenSplits(Messenger):
     def _pyro_bayesian_affine(self, msg: Message) -> None:
         x, weight, bias = msg["args"]
         kwargs = msg["kwargs"]
-        w = self._split(kwargs["weight_site"], weight)
-        b = None if bias is None else self._split(kwargs["bias_site"], bias)
-        msg["value"] = self._op(kwargs["affine"], x, w, b)
+        w_site, b_site, affine = kwargs["weight_site"], kwargs["bias_site"], kwargs["affine"]
+        w = self._split(w_site, weight)
+        b = None if bias is None else self._split(b_site, bias)
+        draw = current_draw()  # inside a per-draw pass: the current draw's part of each
+        if draw is not None:
+            w = w.for_draw(draw, affine.input_event_dims + 1, w_site)
+            b = None if b is None else b.for_draw(draw, 1, b_site)
+        msg["value"] = self._op(affine, x, w, b)
         msg["done"] = True
 
     def _split(self, site: str | None, value: torch.Tensor) -> Split:
@@ -373,7 +379,9 @@ class _MeanFieldDraws(_Draws):
             shape = (*sample, *loc.shape)  # loc: (K, 1, *site shape) for an ensemble's members
             if skip:
                 value = None
-                values[site.name] = loc  # what the layer is handed; the estimator replaces it
+                # what the layer is handed (the estimator replaces it): the mean, a view with
+                # the draws' sample dims, so a network run once per draw sees how many
+                values[site.name] = loc.expand(shape) if sample else loc
             else:
                 value = torch.addcmul(loc, _standard_normal(shape, loc), scale)
                 values[site.name] = value

@@ -23,9 +23,9 @@ from torch.nn.modules.conv import _ConvNd, _ConvTransposeNd
 
 from ..priors import Gaussian, PriorSpec, resolve_prior
 from .affine import AffineMap, ConvMap, LinearMap
-from .layers import BayesianAffine, fold_sample_dims, freeze_parameter
+from .draws import PerDrawForward, broadcasts_draws
+from .layers import BayesianAffine, freeze_parameter
 from .module_layer import BayesianModule
-from .sample_dims import track_sample_dims
 
 __all__ = ["bayesianize", "mlp"]
 
@@ -98,13 +98,11 @@ def bayesianize(
     became.
     A parameter frozen with ``requires_grad=False`` and kept deterministic stays frozen (it is
     held as a buffer of the same name, out of Pyro's param store).
-    Layers that accept only 4-D inputs (2-D pooling, ``BatchNorm2d``, ``InstanceNorm2d``,
-    ``Dropout2d``) are given a forward that folds the weights' sample dims into the batch,
-    so vectorised particles and predictions work through them, and ``nn.Flatten`` and
-    ``nn.Unflatten`` skip those sample dims (``nn.Flatten()`` after a convolution flattens
-    each draw's features; see :mod:`pyro_bbb.nn.sample_dims`). A reshape of your own in a
-    ``forward`` must count feature dims from the end: ``x.flatten(-3)``, not
-    ``x.view(x.shape[0], -1)``.
+    The network's ``forward`` runs unchanged and always sees the shapes it was written for
+    (``torch.flatten(x, 1)``, ``out[:, -1]``, ``nn.LSTM``, ``BatchNorm``): when a
+    :class:`~pyro_bbb.BNN` draws several weight sets at once (particles, ``predict``, an
+    ensemble) it runs the network once per draw, vectorised by ``torch.func.vmap`` where it
+    can (see :mod:`pyro_bbb.nn.draws`).
 
     For a last-layer (or any subnetwork) BNN on a trained body, name the layers:
     ``bayesianize(trained, only="head.*")``.
@@ -153,9 +151,9 @@ def bayesianize(
             "bayesianize found no parameter to make Bayesian "
             f"(only={only!r}, deterministic={list(selection.deterministic)!r})"
         )
-    fold_sample_dims(net)
-    track_sample_dims(net)
     _to_pyro_modules(net)
+    if not broadcasts_draws(net):  # several weight draws go around its forward, not through
+        net.forward = PerDrawForward(net)
     return net
 
 

@@ -13,7 +13,7 @@ training.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
 import pyro.distributions as dist
 import torch
@@ -22,12 +22,10 @@ from torch import nn
 
 from ..priors import PriorSpec
 from .affine import AffineMap, ConvMap, bayesian_affine
-from .sample_dims import SAMPLE_AWARE, current_sample_dims, note_sample_dims
 
 __all__ = [
     "BayesianAffine",
     "BayesianLayer",
-    "fold_sample_dims",
     "freeze_parameter",
     "fresh_initial_values",
     "initial_values",
@@ -36,12 +34,8 @@ __all__ = [
 
 
 def user_class(module: nn.Module) -> type[nn.Module]:
-    """The class a user gave ``module``: not ``PyroModule[...]`` nor a sample-folding version."""
-    return next(
-        cls
-        for cls in type(module).__mro__
-        if cls.__module__ != "pyro.nn.module" and cls not in _SAMPLE_FOLDING.values()
-    )
+    """The class a user gave ``module``, not the ``PyroModule[...]`` made of it."""
+    return next(cls for cls in type(module).__mro__ if cls.__module__ != "pyro.nn.module")
 
 
 #: The attribute listing a module's frozen parameters (kept as buffers).
@@ -257,8 +251,7 @@ class BayesianAffine(BayesianLayer):
         """
         self._check_features(x)
         names = self._site_names()
-        x_sample_dims = current_sample_dims()
-        out = bayesian_affine(
+        return bayesian_affine(
             x,
             self._value("weight", names),
             self._value("bias", names),
@@ -266,9 +259,6 @@ class BayesianAffine(BayesianLayer):
             weight_site=names.get("weight"),
             bias_site=names.get("bias"),
         )
-        # Input and output have as many feature dims: extra dims are the draws' sample dims.
-        note_sample_dims(x_sample_dims + out.dim() - x.dim())
-        return out
 
     def _value(self, param: str, names: dict[str, str]) -> torch.Tensor | None:
         """``getattr(self, param)``, read first from this run's draws when one was made.
@@ -301,20 +291,10 @@ class BayesianAffine(BayesianLayer):
         if len(got) != len(expected) or any(
             e is not None and e != g for e, g in zip(expected, got, strict=True)
         ):
-            hint = ""
-            if len(expected) == 1 and expected[0] and got and got[-1] % expected[0] == 0:
-                # e.g. x.view(x.shape[0], -1) after a convolution, under several draws
-                hint = (
-                    ": a reshape between layers seems to have merged the batch into the "
-                    "features. Weight draws (several particles, predict, an Ensemble) add "
-                    "leading dims, so a reshape of your own must count feature dims from the "
-                    "end, e.g. x.flatten(-3) after a Conv2d, x.flatten(-2) after a Conv1d "
-                    "(nn.Flatten and nn.Unflatten skip the sample dims themselves)"
-                )
             raise ValueError(
                 f"{type(self).__name__} {self._pyro_name or '(root)'!r} expects input "
                 f"features {tuple(expected)} in its last dims, got x of shape "
-                f"{tuple(x.shape)}{hint}"
+                f"{tuple(x.shape)}"
             )
         self.__dict__["_checked_shapes"] = key
 
@@ -328,56 +308,6 @@ class BayesianAffine(BayesianLayer):
         shape = tuple(self.parameter_shape("weight"))
         priors = ", ".join(f"{k}={v!r}" for k, v in self.priors.items())
         return f"{type(self.affine).__name__}, weight={shape}, {priors}"
-
-
-def _folding_forward(base: type[nn.Module]) -> Callable:
-    def forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
-        lead = x.shape[:-3]
-        out = base.forward(self, x.reshape(-1, *x.shape[-3:]), *args, **kwargs)
-        return out.reshape(*lead, *out.shape[1:])
-
-    forward.__doc__ = f"{base.__name__}.forward over inputs with leading sample dims."
-    return forward
-
-
-#: Layers that accept only ``(batch, channels, height, width)``, and their versions that fold
-#: leading sample dims into the batch. Module-level classes, so the networks pickle.
-_SAMPLE_FOLDING: dict[type[nn.Module], type[nn.Module]] = {}
-for _base in (
-    nn.MaxPool2d,
-    nn.AvgPool2d,
-    nn.AdaptiveMaxPool2d,
-    nn.AdaptiveAvgPool2d,
-    nn.LPPool2d,
-    nn.BatchNorm2d,
-    nn.InstanceNorm2d,
-    nn.Dropout2d,
-):
-    _name = f"SampleFolding{_base.__name__}"
-    _SAMPLE_FOLDING[_base] = globals()[_name] = type(
-        _name,
-        (_base,),
-        {
-            "forward": _folding_forward(_base),
-            "__module__": __name__,
-            "__doc__": f"``{_base.__name__}`` for inputs ``(*sample, batch, C, H, W)``.",
-        },
-    )
-
-
-_SAMPLE_FOLDING.update(SAMPLE_AWARE)  # and the reshapes that skip the sample dims
-
-
-def fold_sample_dims(module: nn.Module) -> None:
-    """Let 4-D-only layers and reshapes take inputs with sample dims, by class swap.
-
-    Names, arguments and ``state_dict`` are unchanged; ``nn.Flatten`` and ``nn.Unflatten``
-    become their versions in :mod:`pyro_bbb.nn.sample_dims`.
-    """
-    for child in module.modules():
-        folding = _SAMPLE_FOLDING.get(type(child))
-        if folding is not None:
-            child.__class__ = folding
 
 
 def initial_values(model: nn.Module) -> dict[str, torch.Tensor]:

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from .affine import ConvMap
+from .draws import describe_draws
 from .layers import FROZEN, BayesianAffine, BayesianLayer, user_class
 
 __all__ = ["NetworkSummary", "ParameterSummary", "summary"]
@@ -56,9 +57,16 @@ class ParameterSummary:
 
 @dataclass(frozen=True)
 class NetworkSummary:
-    """Every parameter of a network; ``str()`` gives a Markdown table with totals."""
+    """Every parameter of a network; ``str()`` gives a Markdown table with totals.
+
+    Attributes:
+        parameters: One row per parameter.
+        draws: How several weight draws at once reach the network
+            (:func:`~pyro_bbb.nn.draws.describe_draws`).
+    """
 
     parameters: tuple[ParameterSummary, ...]
+    draws: str = ""
 
     @property
     def bayesian(self) -> tuple[ParameterSummary, ...]:
@@ -94,6 +102,8 @@ class NetworkSummary:
             f"Bayesian: {b:,} scalars in {len(self.bayesian)} sites; point estimates: {d:,} "
             f"scalars in {len(self.deterministic)} tensors"
         )
+        if self.draws:
+            lines.append(f"Several weight draws at once go {self.draws}")
         return "\n".join(lines)
 
 
@@ -152,8 +162,10 @@ def summary(model: nn.Module, *, reparam: str | None = None) -> NetworkSummary:
 
     ``print(summary(model))`` prints a table with one row per parameter (its site or
     parameter name, the layer type, Bayesian or point estimate, shape, prior, estimator and
-    number of scalars) and the totals. Names are the site names the guide uses (a
-    :class:`~pyro_bbb.BNN` roots them at its own name, without ``"net."``).
+    number of scalars), the totals, and how several weight draws at once reach the network
+    (through its layers, or around it once per draw; see :mod:`pyro_bbb.nn.draws`). Names
+    are the site names the guide uses (a :class:`~pyro_bbb.BNN` roots them at its own name,
+    without ``"net."``).
 
     Args:
         model: A network from :func:`~pyro_bbb.nn.bayesianize` or :func:`~pyro_bbb.nn.mlp`,
@@ -167,4 +179,10 @@ def summary(model: nn.Module, *, reparam: str | None = None) -> NetworkSummary:
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-    return NetworkSummary(tuple(_rows(model, getattr(model, "_pyro_name", ""), reparam)))
+    rows = tuple(_rows(model, getattr(model, "_pyro_name", ""), reparam))
+    net = (
+        model._modules.get("net", model)
+        if "net" in getattr(model, "unnamed_children", ())
+        else model
+    )
+    return NetworkSummary(rows, describe_draws(net))

@@ -33,10 +33,14 @@ class History:
         num_data: Number of training points ``N``.
         num_particles: Weight samples per step (what ``fit``'s ``num_particles=None``
             resolved to, or the number passed).
+        draws: How several weight draws reach the network: broadcast through its layers,
+            or around it once per draw, vectorised by ``torch.func.vmap`` or one after
+            another (see :mod:`pyro_bbb.nn.draws`); decided at the fit's set-up.
     """
 
     num_data: int
     num_particles: int = 1
+    draws: str = ""
     loss: list[float] = field(default_factory=list)
     loss_per_datum: list[float] = field(default_factory=list)
     nll: list[float] = field(default_factory=list)

@@ -31,8 +31,9 @@ from ..infer.collapse import FRACTION_THRESHOLD as COLLAPSE_FRACTION
 from ..infer.collapse import CollapseMonitor, diagnose_collapse, warn_if_collapsed
 from ..infer.elbo import AnnealedELBO, ELBOTerms
 from ..infer.fused import FusedELBO, fused_elbo
-from ..infer.reparam import estimator, warn_mixed_estimators
+from ..infer.reparam import estimator, warn_slower_paths
 from ..infer.schedules import ScheduleLike, as_schedule, delayed_warmup
+from ..nn.draws import describe_draws, settle_draws
 from .callbacks import Callback
 from .checkpoint import Checkpointing, FitState, fit_options
 from .distributed import DataParallel, data_parallel
@@ -198,7 +199,6 @@ def fit(
     check_positive_number("lr", lr)
     schedule = delayed_warmup(epochs) if beta is None else as_schedule(beta)
     handler = estimator(reparam)
-    warn_mixed_estimators(model, reparam)
     parallel = data_parallel()  # a world of one unless torch.distributed is initialised
     options = fit_options(
         x, batch_size=batch_size, shuffle=shuffle, num_particles=num_particles, reparam=reparam
@@ -221,11 +221,12 @@ def fit(
     if num_particles is None:  # known once the guide is set up: what it draws
         draws, rows = draw_size(guide, *first), len(first[0])
         elbo.set_num_particles(default_num_particles(draws, rows))  # its set-up is kept
+    draws = _settle_draws(model, guide, elbo, reparam, first)
     fused = _fused(model, guide, elbo, reparam, first_terms, params)
     optim = make_optimizer(optimizer, params, lr)
     rates = LRSchedule(InverseTimeDecay(epochs) if lr_schedule is None else lr_schedule, optim)
     parallel.broadcast_(params)  # every process starts from rank 0's parameters
-    history = History(num_data=batches.num_data, num_particles=elbo.num_particles)
+    history = History(num_data=batches.num_data, num_particles=elbo.num_particles, draws=draws)
     state = FitState(model, guide, named, params, optim, history, batches.seed, first, rates)
     _resume_or_seed(state, saving, parallel, seed)
     monitor = CollapseMonitor(model, guide, *first)
@@ -310,6 +311,30 @@ def _parameters(
     if not params:
         raise ValueError("the model and guide have no trainable parameters")
     return named, params, terms
+
+
+def _settle_draws(
+    model: Callable[..., Any],
+    guide: Callable[..., Any],
+    elbo: AnnealedELBO,
+    reparam: str | None,
+    batch: tuple[torch.Tensor, ...],
+) -> str:
+    """Decide how the network meets the steps' weight draws; warn once of slower paths.
+
+    Returns:
+        How weight draws reach the network (:func:`~pyro_bbb.nn.draws.describe_draws`), or
+        ``""`` for a model without a Bayesian network.
+    """
+    several = elbo.num_particles > 1 or getattr(guide, "num_members", 1) > 1
+    net = getattr(model, "net", None)
+    described = ""
+    if isinstance(net, torch.nn.Module):
+        nesting = getattr(model, "max_plate_nesting", 1)
+        settle_draws(net, batch[0], plate_dim=-(nesting + 1))
+        described = describe_draws(net)
+    warn_slower_paths(model, reparam, several_draws=several, stacklevel=3)
+    return described
 
 
 def _fused(
