@@ -38,6 +38,12 @@ blocks of 64 KiB or more to the OS at once, so the resident set follows the live
 Nets: ``small`` 1-50-50-1 regression (N=1000, batch 100); ``large`` 784-400-400-10
 classification (N=60000, batch 128); with ``--throughput``: ``wide`` 784-1200-1200-10
 (batch 1024) and ``conv``, a small ConvNet on 28x28 images (batch 256), in examples/s.
+Networks as users write them (``--nets resnet,lstm``): ``resnet``, torchvision's ResNet
+narrowed to two stages of one ``BasicBlock`` and 16 channels, on 32x32 images (batch 128),
+and ``lstm``, an ``nn.LSTM`` read at ``out[:, -1]`` (batch 128 sequences of 20 steps).
+There the reference is the deterministic network's own training step (the same loss with
+the weights as point estimates, fused Adam), as no hand-written BBB loop covers them; the
+``Ensemble(k=2)`` row is two weight draws a step, run once per draw around the network.
 
     python benchmarks/steptime.py [--nets small,large] [--threads 1] [--device cpu|cuda]
         [--steps 10] [--rounds 8] [--memory/--no-memory] [--throughput] [--only LABELS]
@@ -66,13 +72,16 @@ import pyro.optim
 import pyro.poutine as poutine
 import torch
 import torch.nn.functional as F
-from _common import machine
+from _common import machine, repository_root
 from pyro.infer import SVI, Trace_ELBO
 from pyro.infer.autoguide import AutoNormal
 from torch import nn
 
 import pyro_bbb
 from pyro_bbb.infer import AnnealedELBO, Ensemble
+
+sys.path.insert(0, str(repository_root() / "examples"))  # networks as users write them
+from user_networks import Recurrent, ResNet
 
 INIT_SCALE = 0.05
 LR = 1e-3
@@ -91,8 +100,17 @@ class Net:
     batch: int
     input_shape: tuple[int, ...]
 
-    def module(self) -> nn.Sequential:
+    @property
+    def user_written(self) -> bool:
+        """A network with a forward of its own (no hand-written BBB reference covers it)."""
+        return self.label in ("resnet", "lstm")
+
+    def module(self) -> nn.Module:
         """A fresh deterministic network; both sides build theirs from it."""
+        if self.label == "resnet":
+            return ResNet(num_classes=10)
+        if self.label == "lstm":
+            return Recurrent(nn.LSTM, features=self.input_shape[-1], hidden=32)
         if self.label == "conv":
             return nn.Sequential(
                 nn.Conv2d(1, 16, 3), nn.ReLU(), nn.MaxPool2d(2),
@@ -123,6 +141,8 @@ NETS = {
     "large": Net("784-400-400-10", "classification", 60000, 128, (784,)),
     "wide": Net("784-1200-1200-10", "classification", 60000, 1024, (784,)),
     "conv": Net("conv", "classification", 60000, 256, (1, 28, 28)),
+    "resnet": Net("resnet", "classification", 5120, 128, (3, 32, 32)),
+    "lstm": Net("lstm", "regression", 5120, 128, (20, 8)),
 }
 
 
@@ -179,6 +199,26 @@ class Reference:
         else:
             log_lik = -F.cross_entropy(h, y, reduction="sum")
         loss = -log_lik * (self.net.num_data / len(x)) + kl
+        self.optim.zero_grad(set_to_none=True)
+        loss.backward()
+        self.optim.step()
+        return loss.detach()
+
+
+class Deterministic:
+    """The deterministic network's training step: the same loss, weights as point estimates."""
+
+    def __init__(self, net: Net, device: torch.device, fused: bool) -> None:
+        self.net, self.module = net, net.module().to(device)
+        self.optim = default_adam(list(self.module.parameters()), fused)
+
+    def step(self, x: torch.Tensor, y: torch.Tensor) -> float:
+        h = self.module(x)
+        if self.net.task == "regression":
+            log_lik = torch.distributions.Normal(h.squeeze(-1), 0.1).log_prob(y).sum()
+        else:
+            log_lik = -F.cross_entropy(h, y, reduction="sum")
+        loss = -log_lik * (self.net.num_data / len(x))
         self.optim.zero_grad(set_to_none=True)
         loss.backward()
         self.optim.step()
@@ -371,6 +411,17 @@ def configurations(net: Net, device: torch.device, x, y, fused: bool) -> dict[st
     """Label -> runner; the first is the reference every ratio is taken against."""
     conv = net.label == "conv"
     configs: dict[str, Callable] = {}
+    if net.user_written:
+        configs["deterministic network (its own training step)"] = LoopSteps(
+            net, x, y, Deterministic(net, device, fused).step
+        )
+        for reparam in (None, "local"):
+            label = f"fit, MeanFieldGuide, reparam={reparam!r}"
+            configs[label] = FitSteps(net, x, y, device, "meanfield", reparam)
+        configs["fit, Ensemble(MeanFieldGuide, k=2), reparam=None"] = FitSteps(
+            net, x, y, device, "meanfield", None, members=2
+        )
+        return configs
     configs["reference (hand-written PyTorch BBB)"] = LoopSteps(
         net, x, y, Reference(net, device, local=False, fused=fused).step
     )
@@ -588,7 +639,9 @@ def throughput_table(args) -> None:
 def main() -> None:
     global DEVICE, clock
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--nets", default="small,large", help="comma-separated: small,large")
+    parser.add_argument(
+        "--nets", default="small,large", help="comma-separated: small,large,resnet,lstm"
+    )
     parser.add_argument("--steps", type=int, default=10, help="steps per turn")
     parser.add_argument("--rounds", type=int, default=8, help="turns per configuration")
     parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads")
