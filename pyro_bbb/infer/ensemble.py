@@ -35,6 +35,7 @@ import torch
 from pyro.nn import PyroModule
 from pyro.poutine import Trace
 
+from .._pyro_compat import pyro_name
 from .._validation import check_int
 from .guides import MeanFieldGuide
 from .guides._base import GaussianGuide
@@ -107,7 +108,7 @@ class Ensemble(PyroModule):
             raise TypeError("guide(model) must return a guide that has not been called yet")
         # named after the members' guide, so that ensembles of guides of different names
         # keep their parameters apart in Pyro's param store: "<name>.members.locs.<site>"
-        super().__init__(name=members._pyro_name)
+        super().__init__(name=pyro_name(members))
         members.member_shape = (self.num_members,) + (1,) * self.model_plate_nesting
         self.members = members
 

@@ -46,10 +46,10 @@ from dataclasses import dataclass
 
 import pyro.distributions as dist
 import torch
-from pyro.nn.module import _is_module_local_param_enabled
 from pyro.poutine.messenger import Messenger
 from pyro.poutine.runtime import Message
 
+from .._pyro_compat import module_local_params, run_context, sample_attributes, set_cached_value
 from ..likelihoods import Bernoulli, Categorical, Gaussian
 from ..model import BNN
 from ..nn.affine import AffineMap
@@ -100,7 +100,7 @@ def _network_sites(model: BNN) -> dict[str, _Site] | None:
     """
     sites = {}
     for module in model.net.modules():
-        samples = module.__dict__.get("_pyro_samples", {})
+        samples = sample_attributes(module)
         if not isinstance(module, BayesianAffine):
             if samples:
                 return None
@@ -146,7 +146,7 @@ def fused_elbo(
         or type(model.likelihood) not in _LIKELIHOODS
         or type(elbo) is not AnnealedELBO
         or reparam not in _OPS
-        or _is_module_local_param_enabled()
+        or module_local_params()
     ):
         return None
     sites = _network_sites(model)
@@ -216,10 +216,9 @@ class FusedELBO:
         model, particles = self.model, self.elbo.num_particles
         sample = (particles, *self._draws.particle_padding) if particles > 1 else ()
         draw = self._draws.draw(sample)
-        context = model._pyro_context
-        with context:
+        with run_context(model):
             for name, value in draw.values.items():
-                context.set(name, value)
+                set_cached_value(model, name, value)
             layers = nullcontext() if self._op is None else _GivenSplits(self._op, draw.splits)
             with layers:
                 output = model.net(x)

@@ -50,6 +50,7 @@ from pyro.poutine.messenger import Messenger
 from pyro.poutine.runtime import Message
 from pyro.poutine.util import site_is_subsample
 
+from .._pyro_compat import autonormal_latent, low_rank_parts
 from .._shapes import broadcast_shape, collapse_broadcast
 from ..nn.affine import AffineMap
 from ..nn.draws import DrawPath, draw_path
@@ -209,7 +210,7 @@ class _WeightNoiseMessenger(Messenger):
     def _source(self, site: str, draw: _Draw) -> _Draw:
         """Follow AutoNormal's ``Delta`` at a real site to its ``<site>_unconstrained`` draw."""
         if isinstance(draw.fn, dist.Delta):
-            aux = self._draws.get(f"{site}_unconstrained")
+            aux = self._draws.get(autonormal_latent(site))
             if aux is not None and _same_draw(aux.value, draw.fn.v):
                 return aux
         return draw
@@ -227,9 +228,9 @@ class _WeightNoiseMessenger(Messenger):
                     "pyro_bbb.LowRankGuide"
                 )
             loc = fn.loc[..., start:stop]
-            factor = fn._unbroadcasted_cov_factor[..., start:stop, :]
-            shared = loc + (factor @ noise.unsqueeze(-1)).squeeze(-1)
-            variance = collapse_broadcast(fn._unbroadcasted_cov_diag[..., start:stop], 1)
+            factor, diag = low_rank_parts(fn)
+            shared = loc + (factor[..., start:stop, :] @ noise.unsqueeze(-1)).squeeze(-1)
+            variance = collapse_broadcast(diag[..., start:stop], 1)
         else:
             normal = _normal_of(fn)
             if normal is None:

@@ -19,8 +19,8 @@ import torch
 from pyro.nn import PyroModule
 from pyro.nn.module import to_pyro_module_
 from torch import nn
-from torch.nn.modules.conv import _ConvNd, _ConvTransposeNd
 
+from .._pyro_compat import conv_kinds
 from ..priors import Gaussian, PriorSpec, resolve_prior
 from .affine import AffineMap, ConvMap, LinearMap
 from .draws import PerDrawForward, broadcasts_draws
@@ -44,11 +44,11 @@ def _affine_of(module: nn.Module) -> AffineMap | None:
     if isinstance(module, nn.Linear) and cls.forward is nn.Linear.forward:
         return LinearMap()
     base = next((c for c in _CONV_CLASSES if isinstance(module, c)), None)
-    if base is None or cls.forward is not base.forward or not isinstance(module, _ConvNd):
+    conv, transposed = conv_kinds(module)
+    if base is None or cls.forward is not base.forward or not conv:
         return None
     if module.padding_mode != "zeros":
         return None
-    transposed = isinstance(module, _ConvTransposeNd)
     return ConvMap(
         dims=len(module.kernel_size),
         stride=tuple(module.stride),
@@ -219,7 +219,7 @@ def _to_pyro_modules(module: nn.Module) -> None:
     # keeps its order only if all of them are PyroModules by then.
     to_pyro_module_(module, recurse=False)
     if isinstance(module, BayesianModule):  # its wrapped module shares its name and context
-        module._pyro_set_supermodule(module._pyro_name, module._pyro_context)
+        module.share_name()
 
 
 def _check_carried_shape(prior: object, site: str, shape: torch.Size) -> None:

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from enum import Enum
@@ -49,12 +49,12 @@ from pyro.poutine.messenger import Messenger
 from pyro.poutine.runtime import Message
 from torch import nn
 from torch.func import vmap
-from torch.utils._pytree import tree_map
 
 from .._devices import cuda_devices
+from .._pyro_compat import set_cached_value, user_class
 from .._shapes import broadcast_shape
 from .affine import LinearMap
-from .layers import BayesianAffine, BayesianLayer, user_class
+from .layers import BayesianAffine, BayesianLayer
 from .multi_head import MultiHead
 from .sample_dims import Draw, running_draw
 from .sample_dims import sample_shape as drawn_shape
@@ -371,25 +371,37 @@ def _per_draw_pass(module, drawn, sample, args, kwargs, *, vectorised: bool):
         own = value.reshape(*drawn_shape(value, dims), *event)
         flat[site] = own.expand(*sample, *event).reshape(count, *event)
     forward = type(module).forward
-    context = module._pyro_context  # the run's cache of drawn values, by site name
 
     def one(index, views):
         for site, view in views.items():  # every read of a site gets this draw's value
-            context.set(site, view)
+            set_cached_value(module, site, view)
         try:
             with running_draw(Draw(sample, index, values, views)), _NoStatements():
                 return forward(module, *args, **kwargs)
         finally:
             for site, value in values.items():
-                context.set(site, value)
+                set_cached_value(module, site, value)
 
     if vectorised:
         index = torch.arange(count, device=_device_of(flat, args))
         out = vmap(one, randomness="different")(index, flat)
     else:
         outs = [one(i, {site: v[i] for site, v in flat.items()}) for i in range(count)]
-        out = tree_map(lambda *leaves: torch.stack(leaves), *outs)
-    return tree_map(lambda t: t.reshape(*sample, *t.shape[1:]), out)
+        out = _map_tensors(lambda *leaves: torch.stack(leaves), *outs)
+    return _map_tensors(lambda t: t.reshape(*sample, *t.shape[1:]), out)
+
+
+def _map_tensors(fn: Callable[..., torch.Tensor], *trees: Any) -> Any:
+    """``fn`` over the tensors at the same places of nested tuples, lists and dicts."""
+    first = trees[0]
+    if isinstance(first, torch.Tensor):
+        return fn(*trees)
+    if isinstance(first, (tuple, list)):
+        mapped = [_map_tensors(fn, *parts) for parts in zip(*trees, strict=True)]
+        return type(first)(mapped) if not hasattr(first, "_fields") else type(first)(*mapped)
+    if isinstance(first, dict):
+        return {key: _map_tensors(fn, *(tree[key] for tree in trees)) for key in first}
+    return first  # anything else (None, a number) is passed on from the first draw
 
 
 def _device_of(flat: Mapping[str, torch.Tensor], args: tuple) -> torch.device:

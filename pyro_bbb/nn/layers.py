@@ -20,6 +20,7 @@ import torch
 from pyro.nn import PyroModule, PyroSample
 from torch import nn
 
+from .._pyro_compat import cached_value, pyro_name, site_name
 from ..priors import PriorSpec
 from .affine import AffineMap, ConvMap, bayesian_affine
 
@@ -29,13 +30,7 @@ __all__ = [
     "freeze_parameter",
     "fresh_initial_values",
     "initial_values",
-    "user_class",
 ]
-
-
-def user_class(module: nn.Module) -> type[nn.Module]:
-    """The class a user gave ``module``, not the ``PyroModule[...]`` made of it."""
-    return next(cls for cls in type(module).__mro__ if cls.__module__ != "pyro.nn.module")
 
 
 #: The attribute listing a module's frozen parameters (kept as buffers).
@@ -110,6 +105,10 @@ class BayesianLayer(PyroModule):
         self.priors = dict(priors)
         self.centre_priors = bool(centre_priors)
         self.fan_in: dict[str, int] = {}
+        # Each depends on the layer's place in its network or on the prior's device, and is
+        # kept with what it was computed for: (prior, device, dtype), the layer's Pyro name.
+        self._prior_cache: dict[str, tuple] = {}
+        self._site_name_cache: tuple[str | None, dict[str, str]] = (None, {})
 
     def _add_parameter(self, name: str, value: torch.Tensor | None, fan_in: int) -> None:
         """Make ``value`` the parameter ``name``: a sample site if it has a prior."""
@@ -145,13 +144,12 @@ class BayesianLayer(PyroModule):
         joint = getattr(prior, "joint_sites", ())
         if joint:
             prefix = self._joint_prefix(param, prior.site)
-            context = self._pyro_context  # holds this run's draws, by full site name
-            drawn = {s: v for s in joint if (v := context.get(prefix + s)) is not None}
+            drawn = {s: v for s in joint if (v := cached_value(self, prefix + s)) is not None}
             return prior.site_distribution(
                 init.shape, fan_in=fan_in, device=init.device, dtype=init.dtype, drawn=drawn
             )
         key = (prior, init.device, init.dtype)
-        cache = self.__dict__.setdefault("_prior_cache", {})
+        cache = self._prior_cache
         cached = cache.get(param)
         if cached is not None and cached[0] == key:
             return cached[1]
@@ -186,12 +184,11 @@ class BayesianLayer(PyroModule):
         A name depends on where the layer sits in its network, so the cache is keyed by
         the layer's own Pyro name.
         """
-        prefix = self.__dict__.get("_pyro_name")
-        cached = self.__dict__.get("_site_name_cache")
-        if cached is None or cached[0] != prefix:
-            names = {name: self._pyro_get_fullname(name) for name in self.priors}
-            cached = (prefix, names)
-            self.__dict__["_site_name_cache"] = cached
+        prefix = pyro_name(self)
+        cached = self._site_name_cache
+        if cached[0] != prefix:
+            cached = (prefix, {name: site_name(self, name) for name in self.priors})
+            self._site_name_cache = cached
         return cached[1]
 
     def parameter_shape(self, name: str) -> torch.Size:
@@ -236,6 +233,7 @@ class BayesianAffine(BayesianLayer):
     ) -> None:
         super().__init__(priors, centre_priors=centre_priors)
         self.affine = affine
+        self._checked_shapes: tuple | None = None  # the last input shape that passed
         fan_in = int(weight[0].numel())  # torch's own convention, also for transposed convs
         self._add_parameter("weight", weight, fan_in)
         self._add_parameter("bias", bias, fan_in)
@@ -271,7 +269,7 @@ class BayesianAffine(BayesianLayer):
         """
         site = names.get(param)
         if site is not None:
-            value = self._pyro_context.get(site)  # None outside a run
+            value = cached_value(self, site)  # None outside a run
             if value is not None:
                 return value
         return getattr(self, param)
@@ -280,11 +278,11 @@ class BayesianAffine(BayesianLayer):
         """Raise if ``x``'s trailing dims are not this layer's input features.
 
         The check depends only on the input's shape, the weight's and the map, so the last
-        three that passed are remembered and the next call with the same (every step of a
-        fit) is free; any other input is checked, and fails at the call that passes it.
+        one that passed is remembered and the next call with the same (every step of a fit)
+        is free; any other input is checked, and fails at the call that passes it.
         """
         key = (x.shape, self.parameter_shape("weight"), self.affine)
-        if self.__dict__.get("_checked_shapes") == key:
+        if self._checked_shapes == key:
             return
         expected = self._expected_features()
         got = x.shape[x.dim() - len(expected) :]
@@ -292,11 +290,11 @@ class BayesianAffine(BayesianLayer):
             e is not None and e != g for e, g in zip(expected, got, strict=True)
         ):
             raise ValueError(
-                f"{type(self).__name__} {self._pyro_name or '(root)'!r} expects input "
+                f"{type(self).__name__} {pyro_name(self) or '(root)'!r} expects input "
                 f"features {tuple(expected)} in its last dims, got x of shape "
                 f"{tuple(x.shape)}"
             )
-        self.__dict__["_checked_shapes"] = key
+        self._checked_shapes = key
 
     def _expected_features(self) -> tuple[int | None, ...]:
         shape = self.parameter_shape("weight")
@@ -327,7 +325,7 @@ def initial_values(model: nn.Module) -> dict[str, torch.Tensor]:
     for module in model.modules():
         if isinstance(module, BayesianLayer):
             for param in module.bayesian_parameters:
-                site = f"{module._pyro_name}.{param}" if module._pyro_name else param
+                site = site_name(module, param)
                 init = getattr(module, f"{param}_init")
                 carried = getattr(module.priors[param], "initial_loc", None)
                 if isinstance(carried, torch.Tensor) and carried.shape == init.shape:
@@ -359,7 +357,7 @@ def fresh_initial_values(model: nn.Module) -> dict[str, torch.Tensor]:
         if isinstance(module, BayesianAffine):
             for param in module.bayesian_parameters:
                 bound = 1.0 / module.fan_in[param] ** 0.5
-                site = f"{module._pyro_name}.{param}" if module._pyro_name else param
+                site = site_name(module, param)
                 init = getattr(module, f"{param}_init")
                 values[site] = torch.empty_like(init).uniform_(-bound, bound)
     return values

@@ -14,18 +14,18 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from pyro.nn import PyroModule
 from torch import nn
 from torch.func import functional_call
 
+from .._pyro_compat import PyroNameSharing, pyro_name, user_class
 from ..priors import PriorSpec
-from .layers import BayesianLayer, user_class
+from .layers import BayesianLayer
 from .sample_dims import current_draw, sample_shape
 
 __all__ = ["BayesianModule"]
 
 
-class BayesianModule(BayesianLayer):
+class BayesianModule(PyroNameSharing, BayesianLayer):
     r"""Any module whose direct parameters are Pyro sample sites, by weight sampling.
 
     The wrapper takes over the parameters the module holds itself (``recurse=False``): those
@@ -52,7 +52,9 @@ class BayesianModule(BayesianLayer):
     """
 
     #: The wrapped module's names do not appear in site names (see
-    #: :func:`~pyro_bbb.nn.network_summary.summary`).
+    #: :func:`~pyro_bbb.nn.network_summary.summary`): it shares the wrapper's name and run
+    #: context (a ``PyroModule`` when it has children), so its children's sites read
+    #: ``"<path>.<child>.<param>"``.
     unnamed_children = ("module",)
 
     def __init__(
@@ -82,14 +84,6 @@ class BayesianModule(BayesianLayer):
             return self._modules["module"]
         return super().__getattr__(name)
 
-    def _pyro_set_supermodule(self, name: str, context: Any) -> None:
-        # The wrapped module (a PyroModule when it has children) takes the wrapper's own name
-        # and context, so its children's sites read "<path>.<child>.<param>".
-        super()._pyro_set_supermodule(name, context)
-        module = self._modules.get("module")
-        if isinstance(module, PyroModule):
-            module._pyro_set_supermodule(name, context)
-
     @property
     def wrapped_type(self) -> type[nn.Module]:
         """The class of the wrapped module, not Pyro's or this package's subclass of it."""
@@ -118,7 +112,7 @@ class BayesianModule(BayesianLayer):
             dims = len(self.parameter_shape(name))
             if draw is None and value.dim() > dims and sample_shape(value, dims):
                 raise ValueError(
-                    f"{type(self).__name__} {self._pyro_name or '(root)'!r}: parameter "
+                    f"{type(self).__name__} {pyro_name(self) or '(root)'!r}: parameter "
                     f"{name!r} was drawn with sample dims, shape {tuple(value.shape)}; a module "
                     "runs on one draw at a time. Run the network through pyro_bbb.BNN, whose "
                     "forward passes several draws to it one at a time"

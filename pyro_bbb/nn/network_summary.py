@@ -14,9 +14,10 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from .._pyro_compat import join_name, pyro_name, site_name, user_class
 from .affine import ConvMap
 from .draws import describe_draws
-from .layers import FROZEN, BayesianAffine, BayesianLayer, user_class
+from .layers import FROZEN, BayesianAffine, BayesianLayer
 
 __all__ = ["NetworkSummary", "ParameterSummary", "summary"]
 
@@ -107,10 +108,6 @@ class NetworkSummary:
         return "\n".join(lines)
 
 
-def _join(prefix: str, name: str) -> str:
-    return f"{prefix}.{name}" if prefix and name else prefix or name
-
-
 def _type_name(module: nn.Module) -> str:
     wrapped = getattr(module, "wrapped_type", None)
     if wrapped is not None:
@@ -142,19 +139,20 @@ def _rows(module: nn.Module, path: str, reparam: str | None) -> Iterator[Paramet
                     prior += " centred on the initial value"
                 estimator = reparam if fast else WEIGHT_SAMPLING
                 shape = tuple(module.parameter_shape(name))
-                yield ParameterSummary(_join(path, name), path, kind, True, shape, prior, estimator)
+                site = site_name(module, name)
+                yield ParameterSummary(site, path, kind, True, shape, prior, estimator)
             elif module._parameters.get(name) is not None:
-                yield _point_estimate(_join(path, name), path, kind, module._parameters[name])
+                yield _point_estimate(join_name(path, name), path, kind, module._parameters[name])
             elif name in module.__dict__.get(FROZEN, ()):
-                yield _point_estimate(_join(path, name), path, kind, module._buffers[name])
+                yield _point_estimate(join_name(path, name), path, kind, module._buffers[name])
     else:
         for name, value in module.named_parameters(recurse=False):
-            yield _point_estimate(_join(path, name), path, kind, value)
+            yield _point_estimate(join_name(path, name), path, kind, value)
         for name in module.__dict__.get(FROZEN, ()):
-            yield _point_estimate(_join(path, name), path, kind, module._buffers[name])
+            yield _point_estimate(join_name(path, name), path, kind, module._buffers[name])
     unnamed = getattr(module, "unnamed_children", ())
     for name, child in module.named_children():
-        yield from _rows(child, path if name in unnamed else _join(path, name), reparam)
+        yield from _rows(child, path if name in unnamed else join_name(path, name), reparam)
 
 
 def summary(model: nn.Module, *, reparam: str | None = None) -> NetworkSummary:
@@ -179,7 +177,7 @@ def summary(model: nn.Module, *, reparam: str | None = None) -> NetworkSummary:
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-    rows = tuple(_rows(model, getattr(model, "_pyro_name", ""), reparam))
+    rows = tuple(_rows(model, pyro_name(model), reparam))
     net = (
         model._modules.get("net", model)
         if "net" in getattr(model, "unnamed_children", ())

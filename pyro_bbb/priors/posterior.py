@@ -26,6 +26,7 @@ from operator import attrgetter
 import pyro.distributions as dist
 import torch
 
+from .._pyro_compat import pyro_name
 from .._support import base_support, is_real_valued
 from .gaussian_block import GaussianBlock, SiteConditional
 
@@ -225,7 +226,8 @@ def _model_prefix(guide) -> str:
     Priors are given to a network by the names of its own sites (``"0.weight"``); a model's
     name goes in front of them only when it runs, so a carried prior leaves it out.
     """
-    name = getattr(getattr(guide, "model", None), "_pyro_name", "")
+    model = getattr(guide, "model", None)
+    name = pyro_name(model) if isinstance(model, torch.nn.Module) else ""
     return f"{name}." if isinstance(name, str) and name else ""
 
 

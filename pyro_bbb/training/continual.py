@@ -33,6 +33,7 @@ import pyro.poutine as poutine
 import torch
 from pyro.poutine.util import site_is_subsample
 
+from .._pyro_compat import site_name
 from .._validation import check_choice, check_int
 from ..infer.guides import MeanFieldGuide
 from ..infer.predictive import ClassificationPrediction, RegressionPrediction, predict
@@ -267,6 +268,6 @@ def _bayesian_sites(net: torch.nn.Module) -> dict[str, tuple[BayesianLayer, str]
     for module in net.modules():
         if isinstance(module, BayesianLayer):
             for param in module.bayesian_parameters:
-                name = f"{module._pyro_name}.{param}" if module._pyro_name else param
+                name = site_name(module, param)
                 sites[name] = (module, param)
     return sites

@@ -21,6 +21,7 @@ import pyro.distributions as dist
 import torch
 from pyro.infer.autoguide import AutoGuide
 
+from ..._pyro_compat import set_pyro_name
 from ...nn import fresh_initial_values
 from ._init import InitLoc, global_latent_sites, initial_locs
 
@@ -50,7 +51,7 @@ class GaussianGuide(AutoGuide):
         # move with guide.to() nor enter the guide's state_dict.
         object.__setattr__(self, "_init_loc", init_loc)
         if name is not None:
-            self._pyro_name = name
+            set_pyro_name(self, name)
 
     #: ``(K, 1, ..., 1)`` for the members of an ensemble, ``()`` for a single guide.
     member_shape: tuple[int, ...] = ()
