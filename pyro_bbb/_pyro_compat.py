@@ -104,8 +104,9 @@ def cached_value(module: PyroModule, site: str) -> torch.Tensor | None:
     """The value the current run of ``module``'s network drew at ``site``, if any.
 
     A ``PyroSample`` attribute returns it from its module's private ``_pyro_context``;
-    reading ``getattr(module, param)`` (public) builds the site name again on every access,
-    which on a small network costs more than its arithmetic. ``None`` outside a run.
+    reading ``getattr(module, param)`` (public) builds the site name again on every access:
+    measured, 19 µs a read against 2.3 µs (six reads a step of a 1-50-50-1 network: 2 % of
+    its step). ``None`` outside a run.
     """
     return module._pyro_context.get(site)
 

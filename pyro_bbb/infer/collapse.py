@@ -45,7 +45,7 @@ from .._devices import cuda_devices
 from ..nn.draws import kept_buffers
 from ..nn.layers import BayesianLayer
 from ..priors.gaussian_block import SiteConditional
-from .guides._base import GaussianGuide
+from .guides._base import SiteGuide
 from .predictive import RegressionPrediction, predict
 from .sites import is_real_valued
 
@@ -82,7 +82,7 @@ class PosteriorCollapseWarning(UserWarning):
 
 def _marginals(guide) -> dict[str, tuple[torch.Tensor, torch.Tensor]] | None:
     """``{site: (loc, scale)}`` of each weight's Gaussian marginal, or ``None`` if unknown."""
-    if isinstance(guide, GaussianGuide):
+    if isinstance(guide, SiteGuide):
         if guide.prototype_trace is None:
             return None
         return guide._marginals()  # not cloned: read once per epoch by the monitor

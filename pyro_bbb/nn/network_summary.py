@@ -85,7 +85,7 @@ class NetworkSummary:
 
     def __str__(self) -> str:
         lines = [
-            "| parameter | layer | kind | shape | prior | estimator | count |",
+            "| parameter | module | kind | shape | prior | estimator | count |",
             "| --- | --- | --- | --- | --- | --- | ---: |",
         ]
         for p in self.parameters:

@@ -28,9 +28,8 @@ from ..._pyro_compat import low_rank_parts, pyro_name
 from ..._validation import check_choice, check_int
 from ..sites import BLOCK_KEY, JOINT_KEY
 from ._base import GaussianGuide
-from ._init import InitLoc, check_init_scale, scale_from_rho
+from ._init import InitLoc, InitScale, as_init_scale, scale_from_rho
 from ._params import ParamRef, set_param
-from .moped import MOPED
 
 __all__ = ["LowRankGuide", "LowRankMultivariateNormal"]
 
@@ -126,7 +125,7 @@ class LowRankGuide(GaussianGuide):
         *,
         rank: int = 1,
         blocks: Literal["layer", "network"] = "layer",
-        init_scale: float | MOPED = 0.05,
+        init_scale: float | InitScale = 0.05,
         init_loc: InitLoc = None,
         min_scale: float = 1e-6,
         name: str | None = None,
@@ -141,12 +140,8 @@ class LowRankGuide(GaussianGuide):
         self.blocks = check_choice("blocks", blocks, ("layer", "network"))
         self.min_scale = float(min_scale)
         self._diag_fraction = math.sqrt(0.75)
-        if isinstance(init_scale, MOPED):
-            init_scale.rho(torch.zeros(()), min_scale, self._diag_fraction)  # checks its floor
-            self.init_scale, self.init_rho = init_scale, None
-        else:
-            self.init_scale = float(init_scale)
-            self.init_rho = check_init_scale(init_scale * self._diag_fraction, min_scale)
+        self.init_scale = as_init_scale(init_scale)
+        self.init_scale.check(min_scale, self._diag_fraction)
         super().__init__(model, init_loc=init_loc, name=name, create_plates=create_plates)
 
     # -- set-up
@@ -173,12 +168,8 @@ class LowRankGuide(GaussianGuide):
             block = _Block(key, f"_{pyro_name(self)}.{key}", tuple(slices))
             self._blocks.append(block)
             loc = torch.cat([locs[s].reshape(*members, -1) for s in names], -1)
-            if self.init_rho is None:  # MOPED: a scale per weight
-                scale = self.init_scale.scales(loc)
-                rho = self.init_scale.rho(loc, self.min_scale, self._diag_fraction)
-            else:
-                scale = torch.full_like(loc, self.init_scale)
-                rho = torch.full_like(loc, self.init_rho)
+            scale = self.init_scale.scales(loc)
+            rho = self.init_scale.rho(loc, self.min_scale, self._diag_fraction)
             factor_scale = 0.5 * scale[..., None] / math.sqrt(self.rank)
             noise = torch.randn(*members, start, self.rank, dtype=loc.dtype).to(loc)
             factor_t = (factor_scale * noise).mT.contiguous()  # V^T, (rank, d)
