@@ -69,9 +69,9 @@ class BayesianModule(PyroNameSharing, BayesianLayer):
                 f"parameters are {sorted(params)}"
             )
         for name, value in params.items():
-            # The module keeps the name, empty: its own code (its repr, a check such as
-            # `self.bias is not None`) still finds it; each forward hands it the values.
-            module.register_parameter(name, None)
+            # Taken out, not left empty: functional_call then hands each value over by
+            # setattr, which modules that cache their weights (nn.LSTM) follow.
+            del module._parameters[name]
             fan_in = int(value[0].numel()) if value.dim() > 1 else 1
             self._add_parameter(name, value, fan_in)
         self.parameter_names = tuple(params)
@@ -123,3 +123,17 @@ class BayesianModule(PyroNameSharing, BayesianLayer):
     def extra_repr(self) -> str:  # noqa: D102
         priors = ", ".join(f"{k}={v!r}" for k, v in self.priors.items())
         return f"{self.wrapped_type.__name__}, {priors}"
+
+    def __repr__(self) -> str:
+        # The wrapped module's own repr may read the parameters it handed over (LayerNorm's
+        # and BatchNorm's read `self.bias`): lend it their values as made, for the repr only.
+        module = self._modules["module"]
+        lent = [name for name in self.parameter_names if name not in module.__dict__]
+        for name in lent:
+            value = self._buffers.get(f"{name}_init")
+            object.__setattr__(module, name, value if value is not None else getattr(self, name))
+        try:
+            return super().__repr__()
+        finally:
+            for name in lent:
+                module.__dict__.pop(name, None)

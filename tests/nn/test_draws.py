@@ -271,3 +271,20 @@ def test_vmap_limitations_are_told_from_errors_of_a_networks_own():
     assert is_vmap_limitation(RuntimeError("vmap: inplace arithmetic(self, *extra_args) is not"))
     assert not is_vmap_limitation(RuntimeError("mat1 and mat2 shapes cannot be multiplied"))
     assert not is_vmap_limitation(ValueError("vmap"))
+
+
+def test_a_moved_recurrent_network_runs_on_its_draws_not_on_weights_it_cached():
+    # .to() makes nn.LSTM / nn.GRU re-read the weights they cache; they must keep taking the
+    # drawn ones, which the wrapper hands over by setattr
+    plain = Recurrent(nn.GRU).double()
+    net = bayesianize(plain).to(torch.float64)
+    x = torch.randn(5, 4, 3, dtype=torch.float64)
+    draws = {
+        name: torch.randn(3, *p.shape, dtype=torch.float64) for name, p in plain.named_parameters()
+    }
+    out = poutine.condition(net, data=draws)(x)
+    loop = torch.stack(
+        [functional_call(plain, {n: w[k] for n, w in draws.items()}, (x,)) for k in range(3)]
+    )
+    torch.testing.assert_close(out, loop)
+    assert "GRU(3, 8, batch_first=True)" in repr(net)
