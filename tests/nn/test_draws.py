@@ -16,6 +16,7 @@ import pyro
 import pyro.poutine as poutine
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
@@ -288,3 +289,83 @@ def test_a_moved_recurrent_network_runs_on_its_draws_not_on_weights_it_cached():
     )
     torch.testing.assert_close(out, loop)
     assert "GRU(3, 8, batch_first=True)" in repr(net)
+
+
+# ----------------------------------------------------------------------------- beyond the five
+class Tied(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(10, 6)
+        self.mix = nn.Linear(6, 6)
+
+    def forward(self, t):
+        h = torch.tanh(self.mix(self.embed(t).mean(1)))
+        return F.linear(h, self.embed.weight)  # weight tying
+
+
+class Skip(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Conv1d(2, 3, 3, padding="same")
+        self.g = nn.GroupNorm(1, 5)
+        self.head = nn.Linear(5 * 8, 2)
+
+    def forward(self, x):
+        h = torch.cat([x, torch.relu(self.a(x))], dim=1)
+        return self.head(self.g(h).flatten(1))
+
+
+class Attention(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.att = nn.MultiheadAttention(4, 2, batch_first=True)
+        self.out = nn.Linear(4, 1)
+
+    def forward(self, x):
+        h, _ = self.att(x, x, x)
+        return self.out(h.mean(dim=1))
+
+
+class Branchy(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(3, 2)
+
+    def forward(self, x):
+        h = self.fc(x)
+        if h.sum() > 0:  # data-dependent branch: vmap has no rule
+            return h
+        return -h
+
+
+class TwoInputs(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(3, 2)
+        self.scale = nn.Parameter(torch.ones(2))
+
+    def forward(self, x):
+        return self.fc(x) * self.scale + x[:, :2]
+
+
+@pytest.mark.parametrize(
+    "make, x, path",
+    [
+        (Tied, torch.randint(0, 10, (5, 4)), DrawPath.VMAP),  # an embedding's weight reused
+        (Skip, torch.randn(5, 2, 8), DrawPath.VMAP),  # torch.cat skip, GroupNorm, flatten(1)
+        (Attention, torch.randn(5, 6, 4), DrawPath.VMAP),  # nn.MultiheadAttention itself
+        (Branchy, torch.randn(5, 3), DrawPath.LOOP),  # a data-dependent branch
+        (TwoInputs, torch.randn(5, 3), DrawPath.VMAP),  # a parameter of its own, and x again
+    ],
+    ids=["weight_tying", "skip_groupnorm", "attention", "branch", "parameter_beside"],
+)
+def test_networks_beyond_the_five_run_each_draw_as_the_plain_network(make, x, path):
+    plain = make()
+    net = bayesianize(plain)
+    draws = {n: p.detach() + 0.3 * torch.randn(3, *p.shape) for n, p in plain.named_parameters()}
+    out = poutine.condition(net, data=draws)(x)
+    loop = torch.stack(
+        [functional_call(plain, {n: w[k] for n, w in draws.items()}, (x,)) for k in range(3)]
+    )
+    torch.testing.assert_close(out, loop)
+    assert draw_path(net).path is path
