@@ -51,7 +51,7 @@ from torch import nn
 from torch.func import vmap
 
 from .._devices import cuda_devices
-from .._pyro_compat import set_cached_value, user_class
+from .._pyro_compat import join_name, set_cached_value, user_class
 from .._shapes import broadcast_shape
 from .affine import LinearMap
 from .layers import BayesianAffine, BayesianLayer
@@ -140,7 +140,7 @@ def kept_buffers(module: nn.Module) -> Iterator[None]:
 
     For passes that check or probe a network: they must leave it as it was.
     """
-    saved = [(buffer, buffer.detach().clone()) for buffer in module.buffers()]
+    saved = [(buffer, buffer.detach().clone()) for buffer in _changeable_buffers(module)]
     try:
         yield
     finally:
@@ -149,11 +149,20 @@ def kept_buffers(module: nn.Module) -> Iterator[None]:
                 buffer.copy_(value)
 
 
+def _changeable_buffers(root: nn.Module) -> Iterator[torch.Tensor]:
+    """Every buffer but the Bayesian layers' initial values, which no forward changes."""
+    for module in root.modules():
+        constant = {f"{p}_init" for p in module.priors} if isinstance(module, BayesianLayer) else ()
+        for name, buffer in module.named_buffers(recurse=False):
+            if name not in constant:
+                yield buffer
+
+
 class _Innermost:
     """Records the innermost module whose ``forward`` was under way (global hooks)."""
 
     def __init__(self, root: nn.Module) -> None:
-        self._names = dict(_layer_paths(root, ""))
+        self._names = dict(_layer_paths(root, ""))  # by module
         self._stack: list[str] = []
         self.culprit: str | None = None
 
@@ -172,12 +181,12 @@ class _Innermost:
             self.culprit = self._stack[-1]
 
     def _enter(self, module: nn.Module, args: Any) -> None:
-        name = self._names.get(id(module))
+        name = self._names.get(module)
         if name is not None:
             self._stack.append(f"layer {name or '(root)'!r} ({user_class(module).__name__})")
 
     def _leave(self, module: nn.Module, args: Any, output: Any) -> None:
-        if self._names.get(id(module)) is not None and self._stack:
+        if module in self._names and self._stack:
             self._stack.pop()
 
 
@@ -432,10 +441,10 @@ def _reachable_layers(root: nn.Module) -> list[BayesianLayer]:
     return list(layers.values())
 
 
-def _layer_paths(module: nn.Module, path: str) -> Iterator[tuple[int, str]]:
-    """``(id, path)`` of every module, paths as site names write them (wrappers unnamed)."""
-    yield id(module), path
+def _layer_paths(module: nn.Module, path: str) -> Iterator[tuple[nn.Module, str]]:
+    """``(module, path)`` of every module, paths as site names write them (wrappers unnamed)."""
+    yield module, path
     unnamed = getattr(module, "unnamed_children", ())
     for name, child in module.named_children():
-        child_path = path if name in unnamed else (f"{path}.{name}" if path else name)
+        child_path = path if name in unnamed else join_name(path, name)
         yield from _layer_paths(child, child_path)
