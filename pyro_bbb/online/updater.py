@@ -158,6 +158,8 @@ class OnlineUpdater:
 
         Raises:
             ValueError: On inputs the model cannot take (naming the argument), NaN or inf.
+            FloatingPointError: If the step makes the belief's mean NaN or inf (the belief
+                is left as it was).
         """
         self._check_inputs(x, y)
         if self._network is None:
@@ -174,8 +176,20 @@ class OnlineUpdater:
             return outputs, pulled[:num_outputs], gradient
 
         old = self.state
+        diverged = FloatingPointError(
+            f"update {self.num_updates + 1} (points seen before it: {self.num_seen}) made the belief "
+            "NaN or inf; the belief is left as it was. A linearised step from a wide prior can "
+            "overshoot: give the weights a prior of the scale of the network's own "
+            "initialisation (e.g. priors.FanInGaussian), or start from a trained MeanFieldGuide"
+        )
         with torch.no_grad():
-            self.state, outputs, rows = self._step(old, pull)
+            try:
+                state, outputs, rows = self._step(old, pull)
+            except torch.linalg.LinAlgError as error:  # a factorisation of non-finite values
+                raise diverged from error
+            if not bool(torch.isfinite(state.mean).all()):
+                raise diverged
+            self.state = state
             if self._noise is not None:
                 self._estimate_noise(old, y, outputs, rows, scale)
         self.num_seen += x.shape[0]

@@ -93,3 +93,15 @@ def test_a_heteroscedastic_likelihood_is_refused():
     model = bbb.BNN(bbb.mlp([2, 2]), bbb.likelihoods.Gaussian(heteroscedastic=True), num_data=10)
     with pytest.raises(NotImplementedError, match="heteroscedastic"):
         LoFi(model)
+
+
+def test_a_diverging_step_is_refused_and_leaves_the_belief_as_it_was():
+    # the digits stream under an N(0, 1) prior overshoots to NaN after 33 minibatches (a
+    # 64-100-10 network, docs/online.md); here a target beyond float64's range does it at once
+    model = bbb.BNN(bbb.mlp([1, 1]).double(), bbb.likelihoods.Gaussian(1e-30).double(), 10)
+    updater = LoFi(model, rank=1)
+    updater.update(torch.ones(1, 1).double(), torch.ones(1).double())
+    before = updater.state
+    with pytest.raises(FloatingPointError, match=r"update 2 .*FanInGaussian"):
+        updater.update(torch.ones(1, 1).double(), torch.tensor([1e300], dtype=torch.float64))
+    assert updater.state is before and updater.num_updates == 1
