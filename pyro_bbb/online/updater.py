@@ -177,9 +177,9 @@ class OnlineUpdater:
 
         old = self.state
         diverged = FloatingPointError(
-            f"update {self.num_updates + 1} (points seen before it: {self.num_seen}) made the belief "
-            "NaN or inf; the belief is left as it was. A linearised step from a wide prior can "
-            "overshoot: give the weights a prior of the scale of the network's own "
+            f"update {self.num_updates + 1} (points seen before it: {self.num_seen}) made the "
+            "belief NaN or inf; the belief is left as it was. A linearised step from a wide "
+            "prior can overshoot: give the weights a prior of the scale of the network's own "
             "initialisation (e.g. priors.FanInGaussian), or start from a trained MeanFieldGuide"
         )
         with torch.no_grad():
