@@ -132,20 +132,22 @@ def update(state: LoFiState, gradient: torch.Tensor, curvature_rows: torch.Tenso
     mean, diag, factor = state
     rank = factor.shape[1]
     inverse = 1 / diag
-    # Woodbury: Λ̃⁻¹g = Υ⁻¹g − Υ⁻¹W̃ K̃⁻¹ W̃ᵀΥ⁻¹g, K̃ = I + W̃ᵀΥ⁻¹W̃, W̃ = [W, A]
+    # Woodbury: Λ̃⁻¹g = Υ⁻¹g − Υ⁻¹W̃ K̃⁻¹ W̃ᵀΥ⁻¹g, K̃ = I + W̃ᵀΥ⁻¹W̃, W̃ = [W, A]. The k rows of
+    # A are the big operand (k·d): each pass over them is read once where it can be.
     scaled_factor = factor * inverse.unsqueeze(-1)
     scaled_rows = curvature_rows * inverse
+    both = curvature_rows @ torch.cat([factor, scaled_factor], 1)  # AᵀW and AᵀΥ⁻¹W
+    rows_factor, rows_scaled_factor = both[:, :rank], both[:, rank:]
     capacitance = _blocks(
-        factor.mT @ scaled_factor,
-        curvature_rows @ scaled_factor,
-        curvature_rows @ scaled_rows.mT,
+        factor.mT @ scaled_factor, rows_scaled_factor, curvature_rows @ scaled_rows.mT
     )
     capacitance.diagonal().add_(1)
     v = gradient * inverse
     projected = torch.cat([factor.mT @ v, curvature_rows @ v]).double()
     solved = torch.linalg.solve(capacitance, projected).to(mean.dtype)
     step = v - scaled_factor @ solved[:rank] - scaled_rows.mT @ solved[rank:]
-    new_factor, discarded = _project_pair(factor, curvature_rows, rank)
+    gram = _blocks(factor.mT @ factor, rows_factor, curvature_rows @ curvature_rows.mT)
+    new_factor, discarded = _project_gram(factor, curvature_rows, gram, rank)
     return LoFiState(mean + step, diag + discarded, new_factor)
 
 
@@ -173,25 +175,29 @@ def _blocks(top_left, bottom_left, bottom_right) -> torch.Tensor:
     return torch.cat([top, bottom], 0).double()
 
 
-def _project_pair(
-    factor: torch.Tensor, rows: torch.Tensor, rank: int
+def _project_gram(
+    factor: torch.Tensor, rows: torch.Tensor, gram: torch.Tensor, rank: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    r"""The top-``rank`` part of :math:`[W, A^\top]` and the diagonal of the rest.
+    r"""The top-``rank`` part of :math:`\tilde W = [W, A]` and the diagonal of the rest.
 
-    Computed from the blocks of the Gram matrix, without concatenating the two factors.
+    From the Gram matrix :math:`\tilde W^\top\tilde W = Q\,\mathrm{diag}(s^2)\,Q^\top`:
+    :math:`W' = \tilde W Q_r = U_r S_r`, and the rest's diagonal is
+    :math:`\mathrm{diag}(\tilde W\tilde W^\top) - \mathrm{diag}(W'W'^\top)`, without
+    concatenating the two factors or forming the rest.
     """
-    gram = _blocks(factor.mT @ factor, rows @ factor, rows @ rows.mT)
     _, vectors = torch.linalg.eigh(gram)  # ascending
-    vectors = vectors.flip(-1).to(factor.dtype)
+    top = vectors[:, vectors.shape[1] - rank :].flip(-1).to(factor.dtype)
     r = factor.shape[1]
-    kept = factor @ vectors[:r, :rank] + rows.mT @ vectors[r:, :rank]
-    rest = factor @ vectors[:r, rank:] + rows.mT @ vectors[r:, rank:]
-    return kept, rest.square().sum(-1)
+    kept = factor @ top[:r] + rows.mT @ top[r:]
+    total = factor.square().sum(-1) + torch.linalg.vector_norm(rows, dim=0).square()
+    return kept, (total - kept.square().sum(-1)).clamp_min(0)
 
 
 def _project(factor: torch.Tensor, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The top-``rank`` part of a factor and the diagonal of the rest."""
-    return _project_pair(factor, factor.new_zeros(0, factor.shape[0]), rank)
+    rows = factor.new_zeros(0, factor.shape[0])
+    gram = _blocks(factor.mT @ factor, rows @ factor, rows @ rows.mT)
+    return _project_gram(factor, rows, gram, rank)
 
 
 class LoFi(OnlineUpdater):
