@@ -38,3 +38,12 @@ def test_the_last_layer_example_keeps_the_trained_body_frozen():
     assert "| 6.weight | Linear | point estimate (frozen) | 64×256 |" in out
     assert "| 8.weight | Linear | Bayesian | 10×64 |" in out
     assert "last-layer BNN" in out
+
+
+def test_the_online_example_shows_the_belief_as_the_stream_arrives(tmp_path):
+    out = run_example("online_regression.py", "--points", "200", "--out", str(tmp_path / "o.png"))
+    lines = [line for line in out.splitlines() if line.startswith("after")]
+    assert [line.split()[1] for line in lines] == ["20", "100", "200"]
+    first, last = (float(line.split("test LL")[1].split()[0]) for line in (lines[0], lines[-1]))
+    assert last > first  # the test log-likelihood rises as the stream arrives
+    assert (tmp_path / "o.png").exists()

@@ -2,7 +2,7 @@ r"""The belief of an online filter as a Pyro guide: a Gaussian in precision form
 
 :class:`LowRankPrecisionGuide` is a Pyro autoguide over every latent weight of a model as one
 block, :math:`q(\theta) = \mathcal{N}(\mu, (\Upsilon + WW^\top)^{-1})`
-(:class:`~pyro_bbb.priors.precision_block.LowRankPrecisionNormal`). Like Pyro's
+(:class:`~pyro_bbb.priors.precision_normal.LowRankPrecisionNormal`). Like Pyro's
 ``AutoLowRankMultivariateNormal`` it draws the block as one auxiliary site and hands each
 model site its slice as a ``Delta``, so everything that takes a guide takes it: ``predict``,
 ``compare``, ``to_inference_data``, ``save``/``load``, ``Predictive``, and
@@ -28,7 +28,7 @@ import torch
 from pyro.infer.autoguide import AutoGuide
 
 from ..infer.guides._init import InitLoc, global_latent_sites, initial_locs
-from ..priors.precision_block import LowRankPrecisionNormal
+from ..priors.precision_normal import LowRankPrecisionNormal
 from .network import gaussian_prior
 
 __all__ = ["LowRankPrecisionGuide"]

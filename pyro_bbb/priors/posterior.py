@@ -13,7 +13,7 @@ mapping of patterns):
   of its blocks share one :class:`~pyro_bbb.priors.gaussian_block.GaussianBlock`, drawn site by site
   from exact conditionals;
 * the same from a guide whose blocks are Gaussians in precision form
-  (:class:`~pyro_bbb.priors.precision_block.LowRankPrecisionNormal`, e.g. the belief of an
+  (:class:`~pyro_bbb.priors.precision_normal.LowRankPrecisionNormal`, e.g. the belief of an
   online filter, :class:`~pyro_bbb.online.LowRankPrecisionGuide`): the sites share one
   :class:`~pyro_bbb.priors.precision_block.PrecisionBlock`.
 
@@ -32,7 +32,8 @@ import torch
 
 from .._support import base_support, is_real_valued
 from .gaussian_block import GaussianBlock, SiteConditional
-from .precision_block import LowRankPrecisionNormal, PrecisionBlock
+from .precision_block import PrecisionBlock
+from .precision_normal import LowRankPrecisionNormal
 
 __all__ = ["BlockPosterior", "NormalPosterior", "PosteriorPrior", "from_guide"]
 
@@ -195,7 +196,7 @@ def from_guide(guide: object) -> PosteriorPrior:
             Pyro's ``AutoNormal``, a guide whose ``posterior()`` returns
             ``{site: Normal(loc, scale).to_event(k)}``, or one with ``block_sites`` whose
             ``posterior()`` returns a ``LowRankMultivariateNormal`` or a
-            :class:`~pyro_bbb.priors.precision_block.LowRankPrecisionNormal` per block (the
+            :class:`~pyro_bbb.priors.precision_normal.LowRankPrecisionNormal` per block (the
             online filters' :class:`~pyro_bbb.online.LowRankPrecisionGuide`).
 
     Returns:
