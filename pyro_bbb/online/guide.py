@@ -84,9 +84,7 @@ class LowRankPrecisionGuide(AutoGuide):
         # Not a submodule: a pretrained network only lends its values.
         object.__setattr__(self, "_init_loc", init_loc)
         self._pending: Belief | None = None
-        #: A filter whose belief this guide shows: called before every use, returns a newer
-        #: belief or None (see RVGA, which converts its covariance only when it is read).
-        self._source: Callable[[], Belief | None] | None = None
+        self._source: Callable[[], Belief | None] | None = None  # see follow()
 
     # -- set-up
     def _setup_prototype(self, *args, **kwargs) -> None:
@@ -160,6 +158,18 @@ class LowRankPrecisionGuide(AutoGuide):
         self.loc.copy_(loc)
         self.precision_factor.copy_(precision_factor)
         self.precision_diag.copy_(precision_diag)
+
+    def follow(self, source: Callable[[], Belief | None] | None) -> None:
+        """Show a belief held elsewhere, converted only when this guide is next used.
+
+        Args:
+            source: Called before every use of the guide (a draw, ``posterior``,
+                ``marginals``); returns the belief ``(loc, precision_factor, precision_diag)``
+                when it changed since the last call, else ``None``. ``None`` stops following.
+                An online updater follows its state this way, so that a belief kept in
+                another form (R-VGA's covariance) is converted once per use, not per update.
+        """
+        self._source = source
 
     def _pull(self) -> None:
         if self._source is not None:

@@ -66,6 +66,15 @@ class Start(NamedTuple):
 class OnlineUpdater:
     """Base of the online updaters; see the module's notes.
 
+    Attributes:
+        model: The :class:`~pyro_bbb.BNN`.
+        guide: The belief as a :class:`~pyro_bbb.online.LowRankPrecisionGuide`, current at
+            every point of the stream.
+        state: The filter's state (its own form of the belief; ``None`` before set-up).
+        num_seen: Points folded in so far.
+        num_updates: Minibatches folded in so far.
+        dynamics_noise: Weight variance added to the belief before each step.
+
     Args:
         model: A :class:`~pyro_bbb.BNN`.
         guide: ``None``, a ``MeanFieldGuide``, a ``LowRankGuide`` or a
@@ -224,7 +233,7 @@ class OnlineUpdater:
         self._layout = layout
         self.state = self._init_state(start)
         self.guide.set_belief(*self._belief(self.state))
-        self.guide._source = self._export
+        self.guide.follow(self._export)
         if self.observation.learned_scale:
             self._noise = NoiseEstimate(self.observation.scale().square())
 

@@ -143,3 +143,12 @@ def test_marginals_are_the_belief_variances_by_site():
     marginals = guide.marginals()
     flat = torch.cat([scale.reshape(-1) for _, scale in marginals.values()])
     torch.testing.assert_close(flat, fn.variance.sqrt())
+
+
+def test_compare_sets_the_belief_beside_another_posterior():
+    model = _small_model()
+    guide, x, y = _trained(model)
+    same = bbb.compare(model, guide, guide, x, y, names=["lofi", "lofi again"], num_samples=50)
+    rows = same.to_dict()
+    assert rows["method"] == ["lofi", "lofi again"]
+    assert rows["test_log_likelihood"][0] == rows["test_log_likelihood"][1]

@@ -93,6 +93,20 @@ def test_projection_keeps_the_diagonal_of_the_precision():
     assert new.precision_factor.shape == (d, 2)
 
 
+def test_init_brings_a_wider_factor_to_the_rank_keeping_the_diagonal():
+    g = torch.Generator().manual_seed(3)
+    factor = torch.randn(8, 5, generator=g, dtype=torch.float64)
+    diag = torch.ones(8, dtype=torch.float64)
+    state = lofi.init(torch.zeros(8, dtype=torch.float64), diag, factor, rank=2)
+    assert state.precision_factor.shape == (8, 2)
+    kept = state.precision_diag + state.precision_factor.square().sum(1)
+    torch.testing.assert_close(kept, diag + factor.square().sum(1))
+    # the kept part is the best rank-2 approximation of WWᵀ
+    eigenvalues = torch.linalg.eigvalsh(factor @ factor.T)
+    top = state.precision_factor @ state.precision_factor.T
+    torch.testing.assert_close(torch.linalg.eigvalsh(top)[-2:], eigenvalues[-2:])
+
+
 def test_dynamics_noise_adds_to_the_covariance_exactly():
     g = torch.Generator().manual_seed(2)
     d = 7
