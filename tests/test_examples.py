@@ -45,3 +45,12 @@ def test_the_any_network_example_fits_a_resnet_and_an_lstm_written_for_batches()
     assert "ResNet: test accuracy" in out and "vectorised by torch.func.vmap" in out
     assert "vmap cannot batch layer 'rnn' (LSTM)" in out
     assert "LSTM: test RMSE" in out and "saved any_network.png" in out
+
+
+def test_the_online_example_shows_the_belief_as_the_stream_arrives(tmp_path):
+    out = run_example("online_regression.py", "--points", "200", "--out", str(tmp_path / "o.png"))
+    lines = [line for line in out.splitlines() if line.startswith("after")]
+    assert [line.split()[1] for line in lines] == ["20", "100", "200"]
+    first, last = (float(line.split("test LL")[1].split()[0]) for line in (lines[0], lines[-1]))
+    assert last > first  # the test log-likelihood rises as the stream arrives
+    assert (tmp_path / "o.png").exists()

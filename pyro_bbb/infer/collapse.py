@@ -45,6 +45,7 @@ from .._devices import cuda_devices
 from ..nn.draws import kept_buffers
 from ..nn.layers import BayesianLayer
 from ..priors.gaussian_block import SiteConditional
+from ..priors.precision_block import PrecisionSiteConditional
 from .guides._base import SiteGuide
 from .predictive import RegressionPrediction, predict
 from .sites import is_real_valued
@@ -128,8 +129,9 @@ def _unwrapped(prior):
 def _gaussian_marginals(prior, shape: torch.Size) -> tuple[torch.Tensor, torch.Tensor] | None:
     """Each value's marginal ``(loc, scale)`` under a Gaussian prior, or ``None``.
 
-    A site of a carried joint block (:func:`~pyro_bbb.priors.from_guide` of a low-rank guide)
-    is conditioned on the block's earlier sites; its values' marginals come from the block.
+    A site of a carried joint block (:func:`~pyro_bbb.priors.from_guide` of a low-rank or
+    precision-form guide) is conditioned on the block's earlier sites; its values' marginals
+    come from the block.
     """
     base = _unwrapped(prior)
     if type(base) in (Normal, dist.Normal):
@@ -137,6 +139,9 @@ def _gaussian_marginals(prior, shape: torch.Size) -> tuple[torch.Tensor, torch.T
     if isinstance(base, SiteConditional):
         loc, scale = base.block.site_marginal(base.site)
         return loc.to(base.base.loc), scale.to(base.base.loc)
+    if isinstance(base, PrecisionSiteConditional):
+        loc, scale = base.block.site_marginal(base.site)
+        return loc.to(base.flat.loc), scale.to(base.flat.loc)
     return None
 
 
