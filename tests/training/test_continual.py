@@ -207,10 +207,12 @@ def test_vcl_remembers_split_digits_far_better_than_naive_fine_tuning():
     # VCL's prior holds the body near what the earlier tasks needed. 60 epochs a task, over
     # six network seeds: average accuracy 0.925-0.967 against 0.558-0.843, the gap 0.10-0.41
     # (mean 0.24); how far naive fine-tuning drifts depends on the seed, so the gap is
-    # averaged over seeds (two here, four in the full form).
+    # averaged over seeds (two here, all six in the full form). The epochs stay at 60 in both
+    # forms: at 100 epochs a task, VCL itself fell to 0.865 on two of four seeds (its prior
+    # narrows with every task), so the claim is made where it was measured.
     pytest.importorskip("sklearn")
     tasks = bbb.data.split_digits()
-    options = {"epochs": scaled(60, 100), "batch_size": 64, "lr": 0.01, "progress": False}
+    options = {"epochs": 60, "batch_size": 64, "lr": 0.01, "progress": False}
 
     def final_average_accuracy(propagate, seed):
         torch.manual_seed(seed)
@@ -231,7 +233,7 @@ def test_vcl_remembers_split_digits_far_better_than_naive_fine_tuning():
         ]
         return torch.stack(accuracies).mean().item()
 
-    seeds = range(scaled(2, 4))
+    seeds = range(scaled(2, 6))
     vcl = [final_average_accuracy(True, seed) for seed in seeds]
     naive = [final_average_accuracy(False, seed) for seed in seeds]
     assert min(vcl) > 0.9, vcl
