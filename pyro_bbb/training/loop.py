@@ -26,6 +26,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from .._devices import cuda_devices, device_of
+from .._heap import keeps_heap_on_cpu
 from .._validation import check_int, check_positive_number
 from ..infer.collapse import FRACTION_THRESHOLD as COLLAPSE_FRACTION
 from ..infer.collapse import CollapseMonitor, diagnose_collapse, warn_if_collapsed
@@ -46,6 +47,7 @@ from .steps import EpochRecord, Steps
 __all__ = ["fit"]
 
 
+@keeps_heap_on_cpu
 def fit(
     model: Callable[..., Any],
     guide: Callable[..., Any],
@@ -93,6 +95,15 @@ def fit(
     under :class:`~pyro_bbb.MeanFieldGuide` or :class:`~pyro_bbb.LowRankGuide` a step
     evaluates the same ELBO, with the same random draws, without tracing the two programs
     (:mod:`~pyro_bbb.infer.fused`); every other model, guide or handler is traced.
+
+    **Memory on the CPU.** While it trains on the CPU, ``fit`` has glibc's malloc keep the
+    memory a step frees for the next step instead of returning it to the OS and taking a
+    page fault per 4 KiB to map it again (on large full batches, more time than the step's
+    arithmetic); on return the settings are put back and the free memory handed back. The
+    settings are the process's. Results are unchanged; the heap holds what the largest step
+    held. Set the environment variable ``PYRO_BBB_KEEP_HEAP=0`` to turn it off; it does
+    nothing on other C libraries or when glibc's malloc is configured through the
+    environment (``docs/performance.md`` has the details and figures).
 
     **Checkpoints.** ``checkpoint=PATH`` writes, atomically, every ``checkpoint_every``
     epochs and at the end, what a bit-identical resume needs: parameters, optimiser state,

@@ -377,6 +377,26 @@ def test_fit_moves_data_to_the_models_device():
     assert len(history) == 1
 
 
+# --- the heap -----------------------------------------------------------------------------
+
+
+def test_keeping_the_heap_changes_nothing_in_the_fit(monkeypatch):
+    """fit on the CPU holds glibc's settings (pyro_bbb._heap): the same fit, bit for bit."""
+    x, y = _data()
+    fits = {}
+    for keep in ("0", "1"):
+        monkeypatch.setenv("PYRO_BBB_KEEP_HEAP", keep)
+        pyro.clear_param_store()
+        pyro.set_rng_seed(0)
+        model, guide = _setup()
+        history = fit(model, guide, x, y, epochs=4, batch_size=6, seed=1, progress=False)
+        params = {k: v.detach().clone() for k, v in pyro.get_param_store().items()}
+        fits[keep] = (history.loss, history.kl, params)
+    assert fits["0"][:2] == fits["1"][:2]
+    for name, value in fits["0"][2].items():
+        assert torch.equal(value, fits["1"][2][name]), name
+
+
 # --- non-finite losses --------------------------------------------------------------------
 
 
