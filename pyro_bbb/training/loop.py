@@ -35,6 +35,7 @@ from ..infer.fused import FusedELBO, fused_elbo
 from ..infer.reparam import estimator, warn_mixed_estimators
 from ..infer.schedules import ScheduleLike, as_schedule, delayed_warmup
 from .callbacks import Callback
+from .captured import static_steps
 from .checkpoint import Checkpointing, FitState, fit_options
 from .distributed import DataParallel, data_parallel
 from .history import History
@@ -70,6 +71,7 @@ def fit(
     checkpoint: str | os.PathLike | None = None,
     checkpoint_every: int | None = None,
     resume: str | os.PathLike | None = None,
+    cuda_graph: bool | None = None,
 ) -> History:
     r"""Train a guide (and the model's point-estimated parameters) by maximising the ELBO.
 
@@ -94,7 +96,9 @@ def fit(
     before training; the steps then do only the arithmetic. For a :class:`~pyro_bbb.BNN`
     under :class:`~pyro_bbb.MeanFieldGuide` or :class:`~pyro_bbb.LowRankGuide` a step
     evaluates the same ELBO, with the same random draws, without tracing the two programs
-    (:mod:`~pyro_bbb.infer.fused`); every other model, guide or handler is traced.
+    (:mod:`~pyro_bbb.infer.fused`); every other model, guide or handler is traced. Nothing
+    is read back from the device until an epoch's end (its losses, once); on CUDA the fused
+    step is captured as one CUDA graph and replayed (``cuda_graph``).
 
     **Memory on the CPU.** While it trains on the CPU, ``fit`` has glibc's malloc keep the
     memory a step frees for the next step instead of returning it to the OS and taking a
@@ -181,6 +185,16 @@ def fit(
             come from it. ``model`` and ``guide`` are built as for the interrupted fit; the
             guide need not be set up. ``batch_size``, ``shuffle``, ``num_particles`` and
             ``reparam`` must be the interrupted fit's.
+        cuda_graph: Run the fused step as one captured CUDA graph, replayed every step (the
+            batch copied into static buffers, β and the learning rate device tensors
+            written in place; the smaller last minibatch of an epoch runs eagerly).
+            ``None`` (the default) does so on CUDA whenever the step is fused, the
+            optimiser is the default (fused) Adam, no callback overrides
+            ``on_after_backward`` and the fit runs on one process; ``False`` never;
+            ``True`` asks for it and raises when it cannot (on the CPU it runs the same
+            step on static buffers, uncaptured: slower, there to be checked). The first
+            three steps run eagerly while the graph is set up
+            (:mod:`~pyro_bbb.training.captured`).
 
     Returns:
         The :class:`History` of the fit.
@@ -197,10 +211,13 @@ def fit(
             minibatch's log-likelihood by ``N / B``, or on bad options; a ``resume`` file
             that is not a checkpoint, is from another model, was written with another
             ``batch_size``, ``shuffle``, ``num_particles`` or ``reparam`` (the error names
-            both values), or has done more than ``epochs`` epochs.
+            both values), or has done more than ``epochs`` epochs; ``cuda_graph=True`` on
+            a fit whose step cannot be captured (the message says why).
         FileNotFoundError: If ``resume`` names no file.
-        FloatingPointError: When the loss becomes NaN or inf, naming the epoch, step and
-            the sites whose terms are not finite.
+        TypeError: If ``cuda_graph`` is not a bool or ``None``.
+        FloatingPointError: When the loss becomes NaN or inf, at the end of that epoch (the
+            losses are read once an epoch), naming the epoch, the first step whose loss
+            was not finite and the sites whose terms were not finite there.
     """
     # the run: its options, processes, checkpoints, device, seed and data
     check_int("epochs", epochs)
@@ -248,9 +265,12 @@ def fit(
     show = (sys.stderr.isatty() if progress is None else progress) and parallel.is_main
     bar = _Progress(epochs, show, initial=len(history))
     done = history.steps[-1] if history.steps else 0
+    runner = static_steps(
+        cuda_graph, fused, optim, rates, params, callbacks, parallel, data_device
+    )  # after the resume: the optimiser's rates become tensors there
     steps = Steps(
         model, guide, elbo, handler, optim, params, parallel, callbacks, rates,
-        step=done, fused=fused,
+        step=done, fused=fused, runner=runner,
     )  # fmt: skip
     for epoch in range(len(history), epochs):
         record = steps.epoch(batches, epoch, schedule)
