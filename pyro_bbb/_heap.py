@@ -7,8 +7,8 @@ is its own ``mmap``; freeing it unmaps it, and the next step's block of the same
 mapped again and takes a page fault, and the kernel zeroes a page, per 4 KiB it touches.
 Freed memory at the top of the heap is also handed back to the OS above the trim
 threshold. On a large full batch that is most of the step: an ensemble of five 9-100-1
-networks on 41,000 rows under local reparameterisation, activations of 82 MB each, spent
-twice as long in the kernel as in its own arithmetic, about 360,000 faults a step.
+networks on 41,000 rows under local reparameterisation, activations of 78 MiB each, spent
+1.6 times as long in the kernel as in its own arithmetic, about 360,000 faults a step.
 
 :func:`kept_heap` holds glibc's settings for the time it is entered: no block is mapped on
 its own (``M_MMAP_MAX`` = 0: every block comes from the heap) and the heap is never trimmed
@@ -33,10 +33,10 @@ What it costs is memory: the heap keeps what the largest step held, and more, be
 cannot always reuse a freed block. PyTorch allocates with 64-byte alignment, so glibc cuts
 a few dozen bytes off each large block; they sit in glibc's per-thread cache (tcache) as
 if in use, keep the freed blocks around them from merging, and a block of the same size no
-longer fits the gap it left. On the ensemble above the heap held about twice the step's
-live memory; started with ``GLIBC_TUNABLES=glibc.malloc.tcache_count=0`` (the cache can
-only be set when the process starts), the same fit held 0.2 times more than without
-:func:`kept_heap` (``docs/performance.md`` has the figures).
+longer fits the gap it left. On the ensemble above the process's peak rose from 889 to
+1,718 MiB (the step holds about 570 MiB live); started with
+``GLIBC_TUNABLES=glibc.malloc.tcache_count=0`` (the cache can only be set when the process
+starts) the same fit peaked at 1,026 MiB, as fast (``docs/performance.md`` has the figures).
 """
 
 from __future__ import annotations
@@ -45,15 +45,11 @@ import ctypes
 import functools
 import os
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, TypeVar
+from typing import Any
 
-import torch
-
-from ._devices import device_of
-
-__all__ = ["ENVIRONMENT_VARIABLE", "keeps_heap_on_cpu", "kept_heap"]
+__all__ = ["ENVIRONMENT_VARIABLE", "kept_heap"]
 
 #: Set to ``0`` (or ``false``, ``no``, ``off``) to leave glibc's malloc settings alone.
 ENVIRONMENT_VARIABLE = "PYRO_BBB_KEEP_HEAP"
@@ -127,7 +123,7 @@ def kept_heap(active: bool = True) -> Iterator[bool]:
     restores them and returns the free memory to the OS.
 
     Args:
-        active: ``False`` to do nothing (e.g. for a fit on a GPU).
+        active: ``False`` to do nothing (``fit`` on a GPU: its host memory is not the step's).
 
     Yields:
         Whether glibc's settings are held (``False`` on another C library, when the
@@ -149,23 +145,3 @@ def kept_heap(active: bool = True) -> Iterator[bool]:
             if _depth == 0:
                 _set(_AFTER)
                 _glibc().malloc_trim(0)
-
-
-F = TypeVar("F", bound=Callable[..., Any])
-
-
-def keeps_heap_on_cpu(train: F) -> F:
-    """Run ``train(model, ..., device=None, ...)`` inside :func:`kept_heap` if it trains on the CPU.
-
-    The device is ``device`` if given, else the model's (:func:`~pyro_bbb._devices.device_of`),
-    as :func:`~pyro_bbb.fit` decides it. A fit on a GPU keeps glibc's settings as they are.
-    """
-
-    @functools.wraps(train)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        device = kwargs.get("device")
-        target = torch.device(device) if device is not None else device_of(*args[:1])
-        with kept_heap(target.type == "cpu"):
-            return train(*args, **kwargs)
-
-    return wrapper  # type: ignore[return-value]

@@ -7,13 +7,11 @@ import os
 import subprocess
 import sys
 import textwrap
-from types import SimpleNamespace
 
 import pytest
-import torch
 
 from pyro_bbb import _heap
-from pyro_bbb._heap import ENVIRONMENT_VARIABLE, keeps_heap_on_cpu, kept_heap
+from pyro_bbb._heap import ENVIRONMENT_VARIABLE, kept_heap
 
 requires_glibc = pytest.mark.skipif(_heap._glibc() is None, reason="needs glibc's malloc")
 
@@ -128,20 +126,3 @@ def test_nested_holders_restore_once_the_last_one_leaves(monkeypatch):
         assert calls == [_heap._KEEP]
     assert calls == [_heap._KEEP, _heap._AFTER]
     assert _heap._depth == 0
-
-
-@pytest.mark.usefixtures("plain_environment")
-def test_a_fit_on_a_gpu_leaves_the_heap_alone(monkeypatch):
-    held: list[int] = []
-
-    @keeps_heap_on_cpu
-    def train(model, *, device=None):
-        held.append(_heap._depth)
-
-    monkeypatch.setattr(_heap, "_set", lambda settings: True)
-    monkeypatch.setattr(_heap, "_glibc", lambda: SimpleNamespace(malloc_trim=lambda pad: 1))
-    train(torch.nn.Linear(1, 1), device="cuda")
-    train(torch.nn.Linear(1, 1).to("meta"))
-    train(torch.nn.Linear(1, 1))
-    train(torch.nn.Linear(1, 1).to("meta"), device="cpu")
-    assert held == [0, 0, 1, 1]

@@ -26,7 +26,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from .._devices import cuda_devices, device_of
-from .._heap import keeps_heap_on_cpu
+from .._heap import kept_heap
 from .._validation import check_int, check_positive_number
 from ..infer.collapse import FRACTION_THRESHOLD as COLLAPSE_FRACTION
 from ..infer.collapse import CollapseMonitor, diagnose_collapse, warn_if_collapsed
@@ -48,7 +48,6 @@ from .steps import EpochRecord, Steps
 __all__ = ["fit"]
 
 
-@keeps_heap_on_cpu
 def fit(
     model: Callable[..., Any],
     guide: Callable[..., Any],
@@ -100,8 +99,8 @@ def fit(
     is read back from the device until an epoch's end (its losses, once); on CUDA the fused
     step is captured as one CUDA graph and replayed (``cuda_graph``).
 
-    **Memory on the CPU.** While it trains on the CPU, ``fit`` has glibc's malloc keep the
-    memory a step frees for the next step instead of returning it to the OS and taking a
+    **Memory on the CPU.** While its epochs run on the CPU, ``fit`` has glibc's malloc keep
+    the memory a step frees for the next step instead of returning it to the OS and taking a
     page fault per 4 KiB to map it again (on large full batches, more time than the step's
     arithmetic); on return the settings are put back and the free memory handed back. The
     settings are the process's. Results are unchanged; the heap holds what the largest step
@@ -272,14 +271,15 @@ def fit(
         model, guide, elbo, handler, optim, params, parallel, callbacks, rates,
         step=done, fused=fused, runner=runner,
     )  # fmt: skip
-    for epoch in range(len(history), epochs):
-        record = steps.epoch(batches, epoch, schedule)
-        _append(history, record, collapsed=monitor.fraction())
-        bar.update(record, elbo.beta)
-        stop = any(callback.on_epoch_end(epoch, history) for callback in callbacks)
-        saving.after_epoch(state, parallel, final=stop or epoch == epochs - 1)
-        if stop:
-            break
+    with kept_heap(data_device.type == "cpu"):  # a step reuses what the last one freed
+        for epoch in range(len(history), epochs):
+            record = steps.epoch(batches, epoch, schedule)
+            _append(history, record, collapsed=monitor.fraction())
+            bar.update(record, elbo.beta)
+            stop = any(callback.on_epoch_end(epoch, history) for callback in callbacks)
+            saving.after_epoch(state, parallel, final=stop or epoch == epochs - 1)
+            if stop:
+                break
     bar.close()
     if parallel.is_main:
         _check_collapse(model, guide, history, batches)
