@@ -33,10 +33,11 @@ What it costs is memory: the heap keeps what the largest step held, and more, be
 cannot always reuse a freed block. PyTorch allocates with 64-byte alignment, so glibc cuts
 a few dozen bytes off each large block; they sit in glibc's per-thread cache (tcache) as
 if in use, keep the freed blocks around them from merging, and a block of the same size no
-longer fits the gap it left. On the ensemble above the process's peak rose from 889 to
-1,718 MiB (the step holds about 570 MiB live); started with
+longer fits the gap it left. On the ensemble above the process's peak rose from 889 MiB to
+1,700-1,950 MiB (the step holds about 570 MiB live); started with
 ``GLIBC_TUNABLES=glibc.malloc.tcache_count=0`` (the cache can only be set when the process
-starts) the same fit peaked at 1,026 MiB, as fast (``docs/performance.md`` has the figures).
+starts) the same fit peaked at 1,030-1,100 MiB, as fast (``docs/performance.md`` has the
+figures).
 """
 
 from __future__ import annotations
