@@ -7,10 +7,12 @@ import os
 import subprocess
 import sys
 import textwrap
+from types import SimpleNamespace
 
 import pytest
+import torch
 
-from pyro_bbb import _heap
+from pyro_bbb import BNN, MeanFieldGuide, _heap, likelihoods, mlp, predict
 from pyro_bbb._heap import ENVIRONMENT_VARIABLE, kept_heap
 
 requires_glibc = pytest.mark.skipif(_heap._glibc() is None, reason="needs glibc's malloc")
@@ -126,3 +128,17 @@ def test_nested_holders_restore_once_the_last_one_leaves(monkeypatch):
         assert calls == [_heap._KEEP]
     assert calls == [_heap._KEEP, _heap._AFTER]
     assert _heap._depth == 0
+
+
+@pytest.mark.usefixtures("plain_environment")
+def test_predict_keeps_the_heap_across_its_chunks_only(monkeypatch):
+    calls: list[tuple] = []
+    monkeypatch.setattr(_heap, "_set", lambda settings: calls.append(settings) or True)
+    monkeypatch.setattr(_heap, "_glibc", lambda: SimpleNamespace(malloc_trim=lambda pad: 1))
+    model = BNN(mlp([2, 4, 1]), likelihoods.Gaussian(), num_data=10)
+    guide = MeanFieldGuide(model)
+    x = torch.randn(10, 2)
+    predict(model, guide, x, num_samples=3)
+    assert calls == []  # one pass: nothing to reuse
+    predict(model, guide, x, num_samples=3, batch_size=4)
+    assert calls == [_heap._KEEP, _heap._AFTER]
