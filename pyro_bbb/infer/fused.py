@@ -39,6 +39,7 @@ for each prior, likelihood, estimator and guide, and for ensembles of each guide
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Iterable
 from contextlib import nullcontext
@@ -55,7 +56,7 @@ from ..model import BNN
 from ..nn.affine import AffineMap
 from ..nn.layers import BayesianAffine
 from ..nn.sample_dims import current_draw, sample_shape_of
-from ._low_rank_block import LowRankBlock
+from ._low_rank_block import LowRankBlock, cholesky
 from .elbo import AnnealedELBO, ELBOTerms
 from .ensemble import Ensemble
 from .guides import LowRankGuide, MeanFieldGuide
@@ -202,16 +203,23 @@ class FusedELBO:
         """
         return set(traced.sites) == {self.model.observation_site, *self._draws.term_names()}
 
-    def terms(self, x: torch.Tensor, y: torch.Tensor) -> ELBOTerms:
+    def terms(
+        self, x: torch.Tensor, y: torch.Tensor, *, beta: torch.Tensor | None = None
+    ) -> ELBOTerms:
         """Estimate the objective and its parts on a minibatch, as the traced ELBO would.
 
         Args:
             x: Features ``(batch, *features)``, already checked.
             y: Targets ``(batch[, dim])``, already checked.
+            beta: β as a 0-dim tensor of the loss's dtype and device, read when the step
+                runs (a step captured as a CUDA graph sees the value written into it before
+                each replay); ``None`` takes the ELBO's ``beta``. The loss is the same bit
+                for bit either way.
 
         Returns:
             :class:`~pyro_bbb.infer.elbo.ELBOTerms`; ``sites`` holds the same names as the
-            traced path's (the observation and every latent term).
+            traced path's (the observation and every latent term). ``beta`` is the tensor
+            when one was given.
         """
         model, particles = self.model, self.elbo.num_particles
         sample = (particles, *self._draws.particle_padding) if particles > 1 else ()
@@ -235,7 +243,8 @@ class FusedELBO:
         kl = _add(closed, sampled)
         if kl is None:
             kl = torch.zeros((), dtype=nll.dtype, device=nll.device)
-        beta = self.elbo.beta
+        if beta is None:
+            beta = self.elbo.beta
         return ELBOTerms(nll + beta * kl, nll, kl, beta, sites)
 
 
@@ -592,7 +601,7 @@ def _block_draws(
     # log det(D + VV^T) = sum log sigma^2 + log det(I + U D^-1 U^T), the determinant lemma
     whitened = (factor_t / scale.unsqueeze(-2)).reshape(-1, rank, size)
     eye = torch.eye(rank, dtype=loc.dtype, device=loc.device)
-    tril = torch.linalg.cholesky(torch.baddbmm(eye, whitened, whitened.mT))
+    tril = cholesky(torch.baddbmm(eye, whitened, whitened.mT))
     half_log_det = scale.log().sum(-1) + tril.diagonal(dim1=-2, dim2=-1).log().sum(-1).reshape(
         members
     )
@@ -631,17 +640,27 @@ def _prior_locs(locs: list, like: torch.Tensor) -> torch.Tensor | None:
     if all(isinstance(m, float) and m == 0.0 for m in locs):
         return None
     if all(isinstance(m, float) for m in locs):
-        return like.new_tensor(locs)
+        return _numbers(tuple(locs), like.dtype, like.device)
     return torch.stack([torch.as_tensor(m, dtype=like.dtype, device=like.device) for m in locs])
 
 
 def _coefficients(scales: list, like: torch.Tensor) -> torch.Tensor:
     """``1 / s²`` of each group's prior scale, one tensor (its gradient flows to a tensor s)."""
     if all(isinstance(s, float) for s in scales):
-        return like.new_tensor([1.0 / (s * s) for s in scales])
+        return _numbers(tuple(1.0 / (s * s) for s in scales), like.dtype, like.device)
     return torch.stack(
         [
             torch.as_tensor(s, dtype=like.dtype, device=like.device).square().reciprocal()
             for s in scales
         ]
     )
+
+
+@functools.lru_cache(maxsize=256)
+def _numbers(values: tuple[float, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """``values`` as a tensor, made once per device and dtype and shared (never written to).
+
+    Made every step, it would copy from the host each time: on CUDA a transfer a captured
+    step cannot contain.
+    """
+    return torch.tensor(values, dtype=dtype, device=device)

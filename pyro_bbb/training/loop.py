@@ -26,6 +26,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from .._devices import cuda_devices, device_of
+from .._heap import kept_heap
 from .._validation import check_int, check_positive_number
 from ..infer.collapse import FRACTION_THRESHOLD as COLLAPSE_FRACTION
 from ..infer.collapse import CollapseMonitor, diagnose_collapse, warn_if_collapsed
@@ -35,6 +36,7 @@ from ..infer.reparam import estimator, warn_slower_paths
 from ..infer.schedules import ScheduleLike, as_schedule, delayed_warmup
 from ..nn.draws import describe_draws, settle_draws
 from .callbacks import Callback
+from .captured import static_steps
 from .checkpoint import Checkpointing, FitState, fit_options
 from .distributed import DataParallel, data_parallel
 from .history import History
@@ -69,6 +71,7 @@ def fit(
     checkpoint: str | os.PathLike | None = None,
     checkpoint_every: int | None = None,
     resume: str | os.PathLike | None = None,
+    cuda_graph: bool | None = None,
 ) -> History:
     r"""Train a guide (and the model's point-estimated parameters) by maximising the ELBO.
 
@@ -93,7 +96,18 @@ def fit(
     before training; the steps then do only the arithmetic. For a :class:`~pyro_bbb.BNN`
     under :class:`~pyro_bbb.MeanFieldGuide` or :class:`~pyro_bbb.LowRankGuide` a step
     evaluates the same ELBO, with the same random draws, without tracing the two programs
-    (:mod:`~pyro_bbb.infer.fused`); every other model, guide or handler is traced.
+    (:mod:`~pyro_bbb.infer.fused`); every other model, guide or handler is traced. Nothing
+    is read back from the device until an epoch's end (its losses, once); on CUDA the fused
+    step is captured as one CUDA graph and replayed (``cuda_graph``).
+
+    **Memory on the CPU.** While its epochs run on the CPU, ``fit`` has glibc's malloc keep
+    the memory a step frees for the next step instead of returning it to the OS and taking a
+    page fault per 4 KiB to map it again (on large full batches, more time than the step's
+    arithmetic); on return the settings are put back and the free memory handed back. The
+    settings are the process's. Results are unchanged; the heap holds what the largest step
+    held. Set the environment variable ``PYRO_BBB_KEEP_HEAP=0`` to turn it off; it does
+    nothing on other C libraries or when glibc's malloc is configured through the
+    environment (``docs/performance.md`` has the details and figures).
 
     **Checkpoints.** ``checkpoint=PATH`` writes, atomically, every ``checkpoint_every``
     epochs and at the end, what a bit-identical resume needs: parameters, optimiser state,
@@ -171,6 +185,16 @@ def fit(
             come from it. ``model`` and ``guide`` are built as for the interrupted fit; the
             guide need not be set up. ``batch_size``, ``shuffle``, ``num_particles`` and
             ``reparam`` must be the interrupted fit's.
+        cuda_graph: Run the fused step as one captured CUDA graph, replayed every step (the
+            batch copied into static buffers, β and the learning rate device tensors
+            written in place; the smaller last minibatch of an epoch runs eagerly).
+            ``None`` (the default) does so on CUDA whenever the step is fused, the
+            optimiser is the default (fused) Adam, no callback overrides
+            ``on_after_backward`` and the fit runs on one process; ``False`` never;
+            ``True`` asks for it and raises when it cannot (on the CPU it runs the same
+            step on static buffers, uncaptured: slower, there to be checked). The first
+            three steps run eagerly while the graph is set up
+            (:mod:`~pyro_bbb.training.captured`).
 
     Returns:
         The :class:`History` of the fit.
@@ -187,10 +211,13 @@ def fit(
             minibatch's log-likelihood by ``N / B``, or on bad options; a ``resume`` file
             that is not a checkpoint, is from another model, was written with another
             ``batch_size``, ``shuffle``, ``num_particles`` or ``reparam`` (the error names
-            both values), or has done more than ``epochs`` epochs.
+            both values), or has done more than ``epochs`` epochs; ``cuda_graph=True`` on
+            a fit whose step cannot be captured (the message says why).
         FileNotFoundError: If ``resume`` names no file.
-        FloatingPointError: When the loss becomes NaN or inf, naming the epoch, step and
-            the sites whose terms are not finite.
+        TypeError: If ``cuda_graph`` is not a bool or ``None``.
+        FloatingPointError: When the loss becomes NaN or inf, at the end of that epoch (the
+            losses are read once an epoch), naming the epoch, the first step whose loss
+            was not finite and the sites whose terms were not finite there.
     """
     # the run: its options, processes, checkpoints, device, seed and data
     check_int("epochs", epochs)
@@ -238,18 +265,22 @@ def fit(
     show = (sys.stderr.isatty() if progress is None else progress) and parallel.is_main
     bar = _Progress(epochs, show, initial=len(history))
     done = history.steps[-1] if history.steps else 0
+    runner = static_steps(
+        cuda_graph, fused, optim, rates, params, callbacks, parallel, data_device
+    )  # after the resume: the optimiser's rates become tensors there
     steps = Steps(
         model, guide, elbo, handler, optim, params, parallel, callbacks, rates,
-        step=done, fused=fused,
+        step=done, fused=fused, runner=runner,
     )  # fmt: skip
-    for epoch in range(len(history), epochs):
-        record = steps.epoch(batches, epoch, schedule)
-        _append(history, record, collapsed=monitor.fraction())
-        bar.update(record, elbo.beta)
-        stop = any(callback.on_epoch_end(epoch, history) for callback in callbacks)
-        saving.after_epoch(state, parallel, final=stop or epoch == epochs - 1)
-        if stop:
-            break
+    with kept_heap(data_device.type == "cpu"):  # a step reuses what the last one freed
+        for epoch in range(len(history), epochs):
+            record = steps.epoch(batches, epoch, schedule)
+            _append(history, record, collapsed=monitor.fraction())
+            bar.update(record, elbo.beta)
+            stop = any(callback.on_epoch_end(epoch, history) for callback in callbacks)
+            saving.after_epoch(state, parallel, final=stop or epoch == epochs - 1)
+            if stop:
+                break
     bar.close()
     if parallel.is_main:
         _check_collapse(model, guide, history, batches)
