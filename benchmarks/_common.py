@@ -1,6 +1,7 @@
 """What the benchmark scripts share: a description of the machine they ran on."""
 
 import platform
+from pathlib import Path
 
 
 def machine() -> str:
@@ -13,3 +14,8 @@ def machine() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+def repository_root() -> Path:
+    """The repository's folder (the benchmarks' parent)."""
+    return Path(__file__).resolve().parents[1]

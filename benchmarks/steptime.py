@@ -24,10 +24,19 @@ Pyro AutoNormal
     ``AutoNormal`` + ``Trace_ELBO`` + ``SVI`` on the same ``BNN``, Pyro's defaults.
 
 Configurations take turns, ``--steps`` steps at a time, so load from elsewhere on a shared
-machine hits them alike. On glibc the timing process keeps the memory it frees
-(``steady_heap``; ``--no-steady-heap`` to leave the allocator as it is): otherwise whichever
-configuration's frees happen to land at the top of the heap pays a page fault per 4 KiB
+machine hits them alike. On glibc the timing process keeps the memory it frees for every
+configuration (``pyro_bbb._heap.kept_heap`` around the whole timing, what ``fit`` does for
+itself; ``--no-steady-heap`` leaves the allocator as it is outside ``fit``): otherwise a
+configuration whose frees happen to land at the top of the heap pays a page fault per 4 KiB
 every step, a matter of the process's history rather than of the step.
+
+On CUDA (``--device cuda``) two more rows: the reference captured whole in one CUDA graph
+(PyTorch's recipe: static input buffers, Adam with ``capturable=True`` and its rate in a
+tensor, three warm-up steps on a side stream), the floor for a launch-bound step; and
+``fit`` with ``cuda_graph=False``, its eager step. The other ``fit`` rows run as ``fit``
+runs by default there, captured. A captured step cannot call a callback between backward
+pass and update, so on CUDA the ``fit`` rows are timed from ``History.seconds``: whole
+epochs (the first, which sets up the capture, left out), divided by their steps.
 
 Memory: each configuration runs again in a fresh process, and the step's memory is the peak
 resident set (CUDA: peak allocated) during its first ``--memory-steps`` steps above what the
@@ -38,16 +47,23 @@ blocks of 64 KiB or more to the OS at once, so the resident set follows the live
 Nets: ``small`` 1-50-50-1 regression (N=1000, batch 100); ``large`` 784-400-400-10
 classification (N=60000, batch 128); with ``--throughput``: ``wide`` 784-1200-1200-10
 (batch 1024) and ``conv``, a small ConvNet on 28x28 images (batch 256), in examples/s.
+Networks as users write them (``--nets resnet,lstm``): ``resnet``, torchvision's ResNet
+narrowed to two stages of one ``BasicBlock`` and 16 channels, on 32x32 images (batch 128),
+and ``lstm``, an ``nn.LSTM`` read at ``out[:, -1]`` (batch 128 sequences of 20 steps).
+There the reference is the deterministic network's own training step (the same loss with
+the weights as point estimates, fused Adam), as no hand-written BBB loop covers them; the
+``Ensemble(k=2)`` row is two weight draws a step, run once per draw around the network.
 
     python benchmarks/steptime.py [--nets small,large] [--threads 1] [--device cpu|cuda]
         [--steps 10] [--rounds 8] [--memory/--no-memory] [--throughput] [--only LABELS]
+        [--steady-heap/--no-steady-heap]
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import ctypes
+import dataclasses
 import itertools
 import json
 import math
@@ -66,16 +82,22 @@ import pyro.optim
 import pyro.poutine as poutine
 import torch
 import torch.nn.functional as F
-from _common import machine
+from _common import machine, repository_root
 from pyro.infer import SVI, Trace_ELBO
 from pyro.infer.autoguide import AutoNormal
 from torch import nn
 
 import pyro_bbb
+from pyro_bbb._heap import kept_heap
 from pyro_bbb.infer import AnnealedELBO, Ensemble
+
+sys.path.insert(0, str(repository_root() / "examples"))  # networks as users write them
+from user_networks import Recurrent, ResNet
 
 INIT_SCALE = 0.05
 LR = 1e-3
+#: Steps in an epoch of the CUDA ``fit`` rows (timed by epochs; see FitEpochs).
+EPOCH_STEPS = 50
 #: Members of the ensemble rows (an Ensemble of 1 is the guide alone, in the member plate).
 ENSEMBLE_SIZES = (1, 5)
 
@@ -91,8 +113,17 @@ class Net:
     batch: int
     input_shape: tuple[int, ...]
 
-    def module(self) -> nn.Sequential:
+    @property
+    def user_written(self) -> bool:
+        """A network with a forward of its own (no hand-written BBB reference covers it)."""
+        return self.label in ("resnet", "lstm")
+
+    def module(self) -> nn.Module:
         """A fresh deterministic network; both sides build theirs from it."""
+        if self.label == "resnet":
+            return ResNet(num_classes=10)
+        if self.label == "lstm":
+            return Recurrent(nn.LSTM, features=self.input_shape[-1], hidden=32)
         if self.label == "conv":
             return nn.Sequential(
                 nn.Conv2d(1, 16, 3), nn.ReLU(), nn.MaxPool2d(2),
@@ -123,6 +154,8 @@ NETS = {
     "large": Net("784-400-400-10", "classification", 60000, 128, (784,)),
     "wide": Net("784-1200-1200-10", "classification", 60000, 1024, (784,)),
     "conv": Net("conv", "classification", 60000, 256, (1, 28, 28)),
+    "resnet": Net("resnet", "classification", 5120, 128, (3, 32, 32)),
+    "lstm": Net("lstm", "regression", 5120, 128, (20, 8)),
 }
 
 
@@ -183,6 +216,61 @@ class Reference:
         loss.backward()
         self.optim.step()
         return loss.detach()
+
+
+class Deterministic:
+    """The deterministic network's training step: the same loss, weights as point estimates."""
+
+    def __init__(self, net: Net, device: torch.device, fused: bool) -> None:
+        self.net, self.module = net, net.module().to(device)
+        self.optim = default_adam(list(self.module.parameters()), fused)
+
+    def step(self, x: torch.Tensor, y: torch.Tensor) -> float:
+        h = self.module(x)
+        if self.net.task == "regression":
+            log_lik = torch.distributions.Normal(h.squeeze(-1), 0.1).log_prob(y).sum()
+        else:
+            log_lik = -F.cross_entropy(h, y, reduction="sum")
+        loss = -log_lik * (self.net.num_data / len(x))
+        self.optim.zero_grad(set_to_none=True)
+        loss.backward()
+        self.optim.step()
+        return loss.detach()
+
+
+class CapturedReference:
+    """The reference's step captured whole as one CUDA graph: the floor of a launch-bound step.
+
+    PyTorch's whole-network recipe: the batch copied into static input tensors, Adam
+    (fused) with ``capturable=True`` and its rate in a device tensor, three warm-up steps on
+    a side stream, then ``torch.cuda.graph`` around one step, replayed for every step.
+    """
+
+    def __init__(self, net: Net, device: torch.device, *, local: bool = False) -> None:
+        self.reference = Reference(net, device, local=local, fused=True)
+        self.reference.optim = torch.optim.Adam(
+            self.reference.params, lr=torch.tensor(LR, device=device), fused=True, capturable=True
+        )
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.inputs: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def step(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        if self.inputs is None:
+            self.inputs = (x.clone(), y.clone())
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(3):
+                    self.reference.step(*self.inputs)
+            torch.cuda.current_stream().wait_stream(side)
+            self.graph = torch.cuda.CUDAGraph()
+            self.reference.optim.zero_grad(set_to_none=True)
+            with torch.cuda.graph(self.graph):
+                self.reference.step(*self.inputs)
+        static_x, static_y = self.inputs
+        static_x.copy_(x)
+        static_y.copy_(y)
+        self.graph.replay()
 
 
 # ----------------------------------------------------------------------------- Pyro floor
@@ -326,6 +414,33 @@ class FitSteps:
         return timer.times()
 
 
+class FitEpochs(FitSteps):
+    """``pyro_bbb.fit`` timed by whole epochs, from ``History.seconds`` (for CUDA).
+
+    A captured step cannot call ``on_after_backward``, so the steps are not timed one by
+    one: each call fits two epochs of :data:`EPOCH_STEPS` steps (the data cut to that many
+    batches), and the second's seconds, divided by its steps, stand for each of its steps.
+    The first, which warms up and captures the step, is left out.
+    """
+
+    def __init__(self, net: Net, x, y, device, guide: str, reparam: str | None, members: int = 0,
+                 *, cuda_graph: bool | None = None) -> None:  # fmt: skip
+        del x, y  # its own data: EPOCH_STEPS batches
+        short = dataclasses.replace(net, num_data=net.batch * EPOCH_STEPS)
+        super().__init__(short, *short.data(device), device, guide, reparam, members)
+        self.cuda_graph = cuda_graph
+
+    def __call__(self, steps: int, memory: Callable[[], None] | None = None) -> list[float]:
+        if memory is not None:
+            memory()
+        history = pyro_bbb.fit(
+            self.model, self.guide, self.x, self.y, epochs=2, batch_size=self.net.batch,
+            lr=LR, reparam=self.reparam, num_particles=1, progress=False,
+            cuda_graph=self.cuda_graph,
+        )  # fmt: skip
+        return [history.seconds[1] / EPOCH_STEPS] * EPOCH_STEPS
+
+
 class LoopSteps:
     """A ``step(xb, yb)`` function over shuffled minibatches, timed step by step."""
 
@@ -371,6 +486,17 @@ def configurations(net: Net, device: torch.device, x, y, fused: bool) -> dict[st
     """Label -> runner; the first is the reference every ratio is taken against."""
     conv = net.label == "conv"
     configs: dict[str, Callable] = {}
+    if net.user_written:
+        configs["deterministic network (its own training step)"] = LoopSteps(
+            net, x, y, Deterministic(net, device, fused).step
+        )
+        for reparam in (None, "local"):
+            label = f"fit, MeanFieldGuide, reparam={reparam!r}"
+            configs[label] = FitSteps(net, x, y, device, "meanfield", reparam)
+        configs["fit, Ensemble(MeanFieldGuide, k=2), reparam=None"] = FitSteps(
+            net, x, y, device, "meanfield", None, members=2
+        )
+        return configs
     configs["reference (hand-written PyTorch BBB)"] = LoopSteps(
         net, x, y, Reference(net, device, local=False, fused=fused).step
     )
@@ -381,22 +507,34 @@ def configurations(net: Net, device: torch.device, x, y, fused: bool) -> dict[st
         configs["reference, Adam's default implementation"] = LoopSteps(
             net, x, y, Reference(net, device, local=False, fused=False).step
         )
+    cuda = device.type == "cuda"
+    if cuda:
+        configs["reference captured in one CUDA graph"] = LoopSteps(
+            net, x, y, CapturedReference(net, device).step
+        )
+        configs["reference + local, captured in one CUDA graph"] = LoopSteps(
+            net, x, y, CapturedReference(net, device, local=True).step
+        )
+    fit_steps = FitEpochs if cuda else FitSteps
     if not conv:
         configs["bare Pyro program (the floor of Pyro semantics)"] = LoopSteps(
             net, x, y, BarePyro(net, device, fused).step
         )
+    if cuda:
+        label = "fit, MeanFieldGuide, reparam=None, cuda_graph=False (eager)"
+        configs[label] = FitEpochs(net, x, y, device, "meanfield", None, cuda_graph=False)
     for reparam in (None, "local", "flipout"):
         label = f"fit, MeanFieldGuide, reparam={reparam!r}"
-        configs[label] = FitSteps(net, x, y, device, "meanfield", reparam)
+        configs[label] = fit_steps(net, x, y, device, "meanfield", reparam)
     if not conv:
         for reparam in (None, "local"):
             label = f"fit, LowRankGuide(rank=4), reparam={reparam!r}"
-            configs[label] = FitSteps(net, x, y, device, "lowrank", reparam)
+            configs[label] = fit_steps(net, x, y, device, "lowrank", reparam)
         for k in ENSEMBLE_SIZES:
             for guide, reparam in (("meanfield", None), ("meanfield", "local"), ("lowrank", None)):
                 family = "MeanFieldGuide" if guide == "meanfield" else "LowRankGuide(rank=4)"
                 label = f"fit, Ensemble({family}, k={k}), reparam={reparam!r}"
-                configs[label] = FitSteps(net, x, y, device, guide, reparam, members=k)
+                configs[label] = fit_steps(net, x, y, device, guide, reparam, members=k)
         configs["SVI + AnnealedELBO + MeanFieldGuide"] = svi_steps(net, x, y, device, "mf")
         configs["SVI + Trace_ELBO + AutoNormal (Pyro)"] = svi_steps(net, x, y, device, "autonormal")
     return configs
@@ -420,28 +558,6 @@ clock: Callable[[], float] = time.process_time
 def sync() -> None:
     if DEVICE.type == "cuda":
         torch.cuda.synchronize()
-
-
-def steady_heap() -> bool:
-    """Keep freed memory in this process (glibc), so that no step pays for the heap's layout.
-
-    glibc hands the top of its heap back to the OS when more than a threshold lies free
-    there, and the next step that needs it takes a page fault per 4 KiB to map it again.
-    Whether a step's frees land at the top depends on what the process allocated before:
-    measured in one run, fit's step took 250-400 faults a step (3-4 % of a 784-400-400-10
-    step) and the reference none, while the same fused step, called from the reference's
-    loop in that process, took none, and the reference alone in a fresh process took 343.
-    Pinning the trim and mmap thresholds takes the faults out of every configuration
-    alike. Returns whether it applied (glibc's ``mallopt`` only).
-    """
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-    except OSError:
-        return False
-    m_trim_threshold, m_mmap_threshold = -1, -3
-    return bool(libc.mallopt(m_trim_threshold, 2**30)) and bool(
-        libc.mallopt(m_mmap_threshold, 32 * 2**20)
-    )
 
 
 def fused_default(device: torch.device) -> bool:
@@ -574,7 +690,7 @@ def throughput_table(args) -> None:
         net = NETS[name]
         pyro.clear_param_store()
         x, y = net.data(DEVICE)
-        configs = configurations(net, DEVICE, x, y, fused_default(DEVICE))
+        configs = only(configurations(net, DEVICE, x, y, fused_default(DEVICE)), args.only)
         keep = [label for label in configs if "LowRank" not in label and "SVI" not in label]
         medians = time_steps({k: configs[k] for k in keep}, args.steps, max(2, args.rounds // 2))
         ref = medians[keep[0]]
@@ -588,7 +704,9 @@ def throughput_table(args) -> None:
 def main() -> None:
     global DEVICE, clock
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--nets", default="small,large", help="comma-separated: small,large")
+    parser.add_argument(
+        "--nets", default="small,large", help="comma-separated: small,large,resnet,lstm"
+    )
     parser.add_argument("--steps", type=int, default=10, help="steps per turn")
     parser.add_argument("--rounds", type=int, default=8, help="turns per configuration")
     parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads")
@@ -612,8 +730,8 @@ def main() -> None:
         "--steady-heap",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="pin glibc's trim and mmap thresholds for the timing (default), so page faults "
-        "that depend on the heap's layout fall on no configuration",
+        help="keep glibc's freed memory for every configuration (default; fit keeps it for "
+        "itself either way), so page faults that depend on the heap's layout fall on none",
     )
     parser.add_argument("--memory-of", nargs=2, metavar=("NET", "LABEL"), help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -629,12 +747,16 @@ def main() -> None:
         pyro.set_rng_seed(args.seed)
         print(json.dumps({"mib": memory_of(*args.memory_of, args.memory_steps)}))
         return
-    heap = "glibc heap kept (see steady_heap)" if args.steady_heap and steady_heap() else None
-    args.heap = heap or "allocator's default heap"
     start = time.perf_counter()
-    step_table(args)
-    if args.throughput:
-        throughput_table(args)
+    with kept_heap(args.steady_heap and DEVICE.type == "cpu") as held:
+        args.heap = (
+            "glibc heap kept for every configuration (kept_heap)"
+            if held
+            else "allocator's defaults outside fit (fit keeps its heap on the CPU)"
+        )
+        step_table(args)
+        if args.throughput:
+            throughput_table(args)
     print(f"(total {time.perf_counter() - start:.0f} s)")
 
 

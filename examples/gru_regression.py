@@ -3,8 +3,9 @@
 Shows: ``bayesianize`` on a network with an ``nn.GRU`` (its weights are drawn by weight
 sampling, the read-out ``nn.Linear`` by local reparameterisation: ``fit`` says which layer got
 which), a learned Gaussian noise, and how the predictive standard deviation splits into
-epistemic and aleatoric parts. ``torch.func.vmap`` cannot batch a GRU, so its predictive draws
-run one after another (the package warns once).
+epistemic and aleatoric parts. ``torch.func.vmap`` cannot batch a GRU, so several weight draws
+at once (a step's particles, the predictive's samples) run through the network one after
+another (``fit`` says so once, and ``History.draws``).
 
 Each example is a window of 12 steps of ``sin(0.3 t)`` plus noise of standard deviation 0.1;
 the target is the next (noisy) value.

@@ -12,19 +12,22 @@ data-parallel under ``torchrun`` and writes checkpoints it can resume from; :fun
 :func:`load` carry a trained model and guide to another process. :func:`fit` trains until
 it has converged by default and warns with :class:`ConvergenceWarning` when a run ends
 before, and with :class:`PosteriorCollapseWarning` when the posterior ends at its prior
-while the network misses structure in the data.
+while the network misses structure in the data. For data that arrive as a stream,
+:class:`LoFi` and :class:`RVGA` update the posterior one minibatch at a time in closed
+form, in one pass (:class:`LowRankPrecisionGuide` is their belief as a guide).
 
 The package mirrors Pyro's layout: :mod:`pyro_bbb.nn`, :mod:`pyro_bbb.priors`,
 :mod:`pyro_bbb.likelihoods` and :mod:`pyro_bbb.model` say what a BNN is;
 :mod:`pyro_bbb.infer` holds guides, the ELBO, β schedules, estimators, prediction and NUTS;
 :mod:`pyro_bbb.training` holds :func:`fit` and the machinery of a run (minibatches, History,
-callbacks, ``torch.distributed``, checkpoints, continual learning); :mod:`pyro_bbb.io` saves
+callbacks, ``torch.distributed``, checkpoints, continual learning); :mod:`pyro_bbb.online`
+the streaming updaters beside it; :mod:`pyro_bbb.io` saves
 and loads; :mod:`pyro_bbb.evaluation` judges posteriors; :mod:`pyro_bbb.metrics` scores
 predictions; :mod:`pyro_bbb.data` holds data sets; :mod:`pyro_bbb.plots` draws figures.
 ``import pyro_bbb`` needs no matplotlib.
 """
 
-from . import data, evaluation, infer, io, likelihoods, metrics, nn, priors, training
+from . import data, evaluation, infer, io, likelihoods, metrics, nn, online, priors, training
 from .evaluation import Comparison, compare, psis_khat, to_inference_data
 from .infer import (
     ClassificationPrediction,
@@ -44,12 +47,14 @@ from .infer import (
 from .io import load, save
 from .model import BNN
 from .nn import BayesianAffine, BayesianModule, bayesianize, mlp, summary
+from .online import RVGA, LoFi, LowRankPrecisionGuide
 from .training import Callback, ConvergenceWarning, History, fit
 
 __version__ = "0.1.0"
 
 __all__ = [
     "BNN",
+    "RVGA",
     "BayesianAffine",
     "BayesianModule",
     "Callback",
@@ -59,7 +64,9 @@ __all__ = [
     "DeltaGuide",
     "Ensemble",
     "History",
+    "LoFi",
     "LowRankGuide",
+    "LowRankPrecisionGuide",
     "MeanFieldGuide",
     "NUTSResult",
     "PosteriorCollapseWarning",
@@ -79,6 +86,7 @@ __all__ = [
     "metrics",
     "mlp",
     "nn",
+    "online",
     "predict",
     "priors",
     "psis_khat",

@@ -15,6 +15,7 @@ from pyro.infer.util import is_validation_enabled
 from pyro.nn import PyroModule
 from torch import nn
 
+from ._pyro_compat import root_network
 from ._validation import (
     check_features,
     check_finite_tensor,
@@ -87,7 +88,7 @@ class BNN(PyroModule):
         self.num_data = num_data
         # Root the network's sites at the model's name, so they read "fc1.weight" (or
         # "name.fc1.weight"), not "net.fc1.weight".
-        net._pyro_set_supermodule(name, self._pyro_context)
+        root_network(net, name, self)
         self.accepts_token_ids = _first_layer_takes_tokens(net)
 
     def __getattr__(self, name: str):

@@ -116,3 +116,16 @@ def optimal_mean_field(model, x, y, mean, precision):
     loc, var = flat_posterior(guide)
     assert torch.allclose(loc, mean) and torch.allclose(var, 1 / precision.diagonal())
     return guide
+
+
+def wide_conjugate_problem(num_data=60, dim=11, seed=0):
+    """:func:`conjugate_problem` with ``dim`` correlated features (``dim + 1`` weights)."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(num_data, dim, generator=g, dtype=torch.float64)
+    x[:, 1:] += 0.7 * x[:, :-1]  # neighbouring features correlate: a posterior with structure
+    w = torch.randn(dim, generator=g, dtype=torch.float64)
+    y = x @ w + 0.3 + NOISE * torch.randn(num_data, generator=g, dtype=torch.float64)
+    prior_precision = torch.eye(dim + 1, dtype=torch.float64) / PRIOR_SCALE**2
+    prior_mean = torch.zeros(dim + 1, dtype=torch.float64)
+    mean, covariance, precision = linear_posterior(x, y, prior_mean, prior_precision)
+    return x, y, mean, covariance, precision

@@ -1,9 +1,11 @@
-"""What many tests share: the size of statistical checks, the CUDA and NumPyro markers."""
+"""What many tests share: the size of statistical checks, the CUDA and NumPyro markers, and
+the networks of ``examples/user_networks.py``."""
 
 from __future__ import annotations
 
 import importlib.util
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -33,3 +35,17 @@ HAS_NUMPYRO = all(importlib.util.find_spec(name) for name in ("jax", "numpyro"))
 requires_numpyro = pytest.mark.skipif(
     not HAS_NUMPYRO, reason='needs the numpyro extra: pip install "pyro-bbb[numpyro]"'
 )
+
+
+def _load_user_networks():
+    """``examples/user_networks.py``: networks written for activations ``(batch, ...)``."""
+    spec = importlib.util.spec_from_file_location(
+        "user_networks", REPO / "examples" / "user_networks.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its networks pickle by reference, as a user's would
+    spec.loader.exec_module(module)
+    return module
+
+
+user_networks = _load_user_networks()

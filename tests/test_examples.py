@@ -29,7 +29,7 @@ def test_the_conv1d_example_makes_every_convolution_bayesian_with_flipout():
 def test_the_gru_example_says_which_layer_each_estimator_served():
     out = run_example("gru_regression.py", "--epochs", "2", "--num", "60")
     assert "applies to the affine layers ['head']; the layers ['rnn']" in out
-    assert "'rnn' (GRU) cannot be vectorised" in out
+    assert "torch.func.vmap cannot batch layer 'rnn' (GRU)" in out
     assert "test RMSE" in out and "epistemic" in out
 
 
@@ -38,3 +38,19 @@ def test_the_last_layer_example_keeps_the_trained_body_frozen():
     assert "| 6.weight | Linear | point estimate (frozen) | 64×256 |" in out
     assert "| 8.weight | Linear | Bayesian | 10×64 |" in out
     assert "last-layer BNN" in out
+
+
+def test_the_any_network_example_fits_a_resnet_and_an_lstm_written_for_batches():
+    out = run_example("any_network.py", "--epochs", "1", "--num", "64")
+    assert "ResNet: test accuracy" in out and "vectorised by torch.func.vmap" in out
+    assert "vmap cannot batch layer 'rnn' (LSTM)" in out
+    assert "LSTM: test RMSE" in out and "saved any_network.png" in out
+
+
+def test_the_online_example_shows_the_belief_as_the_stream_arrives(tmp_path):
+    out = run_example("online_regression.py", "--points", "200", "--out", str(tmp_path / "o.png"))
+    lines = [line for line in out.splitlines() if line.startswith("after")]
+    assert [line.split()[1] for line in lines] == ["20", "100", "200"]
+    first, last = (float(line.split("test LL")[1].split()[0]) for line in (lines[0], lines[-1]))
+    assert last > first  # the test log-likelihood rises as the stream arrives
+    assert (tmp_path / "o.png").exists()

@@ -103,6 +103,16 @@ GALLERY = [
         "continual.png",
         25,
     ),
+    Entry(
+        "online_regression",
+        "Online learning: the posterior as a stream arrives",
+        "LoFi folds 1,000 points into a Gaussian belief over the weights, ten at a time, in one "
+        "pass; the bands after 20, 100, 300 and 1,000 points, drawn by `predict` from the "
+        "belief as it stands (the epistemic band stays wide beyond the data).",
+        "python examples/online_regression.py --out online_regression.png",
+        "online_regression.png",
+        0.5,
+    ),
 ]
 """The gallery's items, in page order."""
 

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from .. import metrics
+from .._pyro_compat import pyro_name
 from ..infer.mcmc import NUTSResult
 from ..infer.predictive import ClassificationPrediction, RegressionPrediction, predict
 from .diagnostics import effective_sample_size, psis_khat
@@ -130,7 +131,8 @@ def _unpack(item, position: str):
 def _name(posterior) -> str:
     if isinstance(posterior, NUTSResult):
         return "NUTS"
-    return getattr(posterior, "_pyro_name", None) or type(posterior).__name__
+    name = pyro_name(posterior) if isinstance(posterior, torch.nn.Module) else ""
+    return name or type(posterior).__name__
 
 
 @torch.no_grad()

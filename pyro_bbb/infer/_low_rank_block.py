@@ -50,7 +50,7 @@ from __future__ import annotations
 import torch
 from torch.autograd.function import FunctionCtx
 
-__all__ = ["LowRankBlock"]
+__all__ = ["LowRankBlock", "cholesky", "inverse_from_cholesky"]
 
 
 class LowRankBlock(torch.autograd.Function):
@@ -90,7 +90,7 @@ class LowRankBlock(torch.autograd.Function):
             torch.addmv(loc, factor_t.mT, flat[0], out=shared.view(size))
         else:
             torch.addmm(loc, flat, factor_t, out=shared.view(-1, size))
-        tril = torch.linalg.cholesky(_capacitance(factor_t, scale.reciprocal()))
+        tril = cholesky(_capacitance(factor_t, scale.reciprocal()))
         log_det = 2 * (scale.log().sum() + tril.diagonal().log().sum())
         squares = []
         for j, (mean, std, rows) in enumerate(
@@ -101,7 +101,7 @@ class LowRankBlock(torch.autograd.Function):
         squares = torch.stack(squares).reshape(len(sizes), 3).sum(-1)
         # μ, σ and U are the caller's (σ is also kept by the draw's backward): nothing new
         ctx.save_for_backward(
-            loc, scale, factor_t, flat, torch.cholesky_inverse(tril), squares, prior_locs, coefs
+            loc, scale, factor_t, flat, inverse_from_cholesky(tril), squares, prior_locs, coefs
         )
         ctx.sizes = sizes
         ctx.set_materialize_grads(False)
@@ -177,3 +177,31 @@ def _capacitance(factor_t: torch.Tensor, inv_scale: torch.Tensor) -> torch.Tenso
         )
         capacitance.addmm_(whitened, whitened.mT)
     return capacitance
+
+
+#: Devices where :func:`inverse_from_cholesky` takes ``torch.cholesky_inverse``.
+_CHOLESKY_INVERSE_DEVICES = ("cpu",)
+
+
+def cholesky(matrix: torch.Tensor) -> torch.Tensor:
+    r"""The lower Cholesky factor of ``matrix`` (``(..., r, r)``), without an error check.
+
+    ``torch.linalg.cholesky`` reads its error code back to the host after the
+    factorisation: on CUDA a wait for the device, which a captured CUDA graph cannot hold.
+    :math:`C = I + UD^{-1}U^\top` is positive definite unless its inputs are not finite, and
+    then the loss is not finite either, which stops the fit.
+    """
+    return torch.linalg.cholesky_ex(matrix).L
+
+
+def inverse_from_cholesky(tril: torch.Tensor) -> torch.Tensor:
+    r""":math:`C^{-1} = L^{-\top} L^{-1}` from :math:`C`'s lower Cholesky factor :math:`L`.
+
+    ``torch.cholesky_inverse`` on the CPU; on CUDA, where it reads its error code back to
+    the host (see :func:`cholesky`), two triangular products, which do not.
+    """
+    if tril.device.type in _CHOLESKY_INVERSE_DEVICES:
+        return torch.cholesky_inverse(tril)
+    eye = torch.eye(tril.shape[-1], dtype=tril.dtype, device=tril.device)
+    inverse_factor = torch.linalg.solve_triangular(tril, eye, upper=False)
+    return inverse_factor.mT @ inverse_factor

@@ -30,7 +30,7 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,8 +42,11 @@ from pyro.infer.autoguide import AutoNormal
 from torch.distributions import Independent, Normal, kl_divergence
 
 from .._devices import cuda_devices
+from ..nn.draws import kept_buffers
+from ..nn.layers import BayesianLayer
 from ..priors.gaussian_block import SiteConditional
-from .guides._base import GaussianGuide
+from ..priors.precision_block import PrecisionSiteConditional
+from .guides._base import SiteGuide
 from .predictive import RegressionPrediction, predict
 from .sites import is_real_valued
 
@@ -80,7 +83,7 @@ class PosteriorCollapseWarning(UserWarning):
 
 def _marginals(guide) -> dict[str, tuple[torch.Tensor, torch.Tensor]] | None:
     """``{site: (loc, scale)}`` of each weight's Gaussian marginal, or ``None`` if unknown."""
-    if isinstance(guide, GaussianGuide):
+    if isinstance(guide, SiteGuide):
         if guide.prototype_trace is None:
             return None
         return guide._marginals()  # not cloned: read once per epoch by the monitor
@@ -101,13 +104,14 @@ def _random_state_kept(*tensors: torch.Tensor) -> Iterator[None]:
 
 
 def _priors(model, *data: torch.Tensor) -> dict[str, dict]:
-    """The model's global latent sites, from one trace on the first row drawing from the prior.
+    """The model's global latent sites, from one trace drawing from the prior.
 
-    ``data`` are the model's arguments (``x`` or ``x, y``); one row of each is used.
+    ``data`` are the model's arguments (``x`` or ``x, y``), a minibatch (BatchNorm needs
+    more than one row); the model's buffers and the random states are left as they were.
     """
-    rows = [t[:1] for t in data]
-    with _random_state_kept(*rows), torch.no_grad(), poutine.block():
-        trace = poutine.trace(model).get_trace(*rows)
+    kept = kept_buffers(model) if isinstance(model, torch.nn.Module) else nullcontext()
+    with _random_state_kept(*data), torch.no_grad(), poutine.block(), kept:
+        trace = poutine.trace(model).get_trace(*data)
     return {
         name: site
         for name, site in trace.iter_stochastic_nodes()
@@ -125,8 +129,9 @@ def _unwrapped(prior):
 def _gaussian_marginals(prior, shape: torch.Size) -> tuple[torch.Tensor, torch.Tensor] | None:
     """Each value's marginal ``(loc, scale)`` under a Gaussian prior, or ``None``.
 
-    A site of a carried joint block (:func:`~pyro_bbb.priors.from_guide` of a low-rank guide)
-    is conditioned on the block's earlier sites; its values' marginals come from the block.
+    A site of a carried joint block (:func:`~pyro_bbb.priors.from_guide` of a low-rank or
+    precision-form guide) is conditioned on the block's earlier sites; its values' marginals
+    come from the block.
     """
     base = _unwrapped(prior)
     if type(base) in (Normal, dist.Normal):
@@ -134,6 +139,9 @@ def _gaussian_marginals(prior, shape: torch.Size) -> tuple[torch.Tensor, torch.T
     if isinstance(base, SiteConditional):
         loc, scale = base.block.site_marginal(base.site)
         return loc.to(base.base.loc), scale.to(base.base.loc)
+    if isinstance(base, PrecisionSiteConditional):
+        loc, scale = base.block.site_marginal(base.site)
+        return loc.to(base.flat.loc), scale.to(base.flat.loc)
     return None
 
 
@@ -172,8 +180,8 @@ def weight_kl(
             restored afterwards).
         guide: A set-up :class:`~pyro_bbb.MeanFieldGuide`, :class:`~pyro_bbb.LowRankGuide`
             (its marginals) or ``AutoNormal``.
-        x: Inputs the model accepts, ``(batch, *features)``; one row is used.
-        y: Targets, for a model that needs them; one row is used.
+        x: Inputs the model accepts, ``(batch, *features)``, e.g. a minibatch.
+        y: Targets, for a model that needs them.
 
     Returns:
         ``{site: tensor of the site's shape}``, or ``None`` for a guide whose marginals are
@@ -204,21 +212,23 @@ def _fraction(kls: Iterable[torch.Tensor]) -> float:
 class CollapseMonitor:
     """The fraction of weights at their prior, cheaply, as often as :func:`~pyro_bbb.fit` asks.
 
-    The model is traced once for its priors. When every prior is a Gaussian with fixed
-    parameters they are flattened into one vector, so a call costs one pass over the guide's
-    marginals (a few percent of a step of a small network); otherwise the priors are read
-    again at each call and the KL is computed per site.
+    The model is traced once for its priors, on a minibatch. When every prior is a Gaussian
+    with fixed parameters they are flattened into one vector, so a call costs one pass over
+    the guide's marginals (a few percent of a step of a small network); otherwise the KL is
+    computed per site, from priors read again at each call where one may have learnable
+    parameters (a prior a network's layers do not build once).
 
     Args:
         model: The model.
         guide: The guide (set up).
-        *data: The model's arguments (a minibatch ``x, y``); one row of each is used.
+        *data: The model's arguments (a minibatch ``x, y``).
     """
 
     def __init__(
         self, model: Callable[..., Any], guide: Callable[..., Any], *data: torch.Tensor
     ) -> None:
-        self._model, self._guide, self._data = model, guide, [t[:1] for t in data]
+        self._model, self._guide, self._data = model, guide, list(data)
+        self._fixed_priors = _priors_are_fixed(model)
         marginals = _marginals(guide)
         self._sites = _priors(model, *self._data) if marginals is not None else {}
         self._names = [
@@ -251,7 +261,7 @@ class CollapseMonitor:
         if marginals is None or not self._names:
             return math.nan
         if self._flat_prior is None:
-            sites = _priors(self._model, *self._data)
+            sites = self._sites if self._fixed_priors else _priors(self._model, *self._data)
             return _fraction(
                 _elementwise_kl(*marginals[name], sites[name]["fn"]) for name in self._names
             )
@@ -259,6 +269,16 @@ class CollapseMonitor:
         scale = torch.cat([marginals[name][1].reshape(-1) for name in self._names])
         kl = _gaussian_kl(loc, scale, *self._flat_prior)
         return (kl < KL_THRESHOLD).double().mean().item()
+
+
+def _priors_are_fixed(model: object) -> bool:
+    """Whether every prior of the model's Bayesian layers is built once (nothing learnable)."""
+    if not isinstance(model, torch.nn.Module):
+        return False
+    layers = [m for m in model.modules() if isinstance(m, BayesianLayer)]
+    return bool(layers) and all(
+        getattr(prior, "cacheable", False) for layer in layers for prior in layer.priors.values()
+    )
 
 
 def neighbour_residual(x: torch.Tensor, y: torch.Tensor, *, k: int = NEIGHBOURS) -> float:

@@ -35,14 +35,15 @@ import torch
 from pyro.nn import PyroModule
 from pyro.poutine import Trace
 
+from .._pyro_compat import pyro_name
 from .._validation import check_int
 from .guides import MeanFieldGuide
-from .guides._base import GaussianGuide
+from .guides._base import SiteGuide
 from .sites import is_point_mass
 
 __all__ = ["Ensemble"]
 
-GuideFactory = Callable[[Callable[..., Any]], GaussianGuide]
+GuideFactory = Callable[[Callable[..., Any]], SiteGuide]
 
 
 class Ensemble(PyroModule):
@@ -98,7 +99,7 @@ class Ensemble(PyroModule):
         nesting = nesting if max_plate_nesting is None else max_plate_nesting
         self.model_plate_nesting = check_int("max_plate_nesting", nesting, minimum=0)
         members = guide(model)
-        if not isinstance(members, GaussianGuide):
+        if not isinstance(members, SiteGuide):
             raise TypeError(
                 "guide(model) must return a MeanFieldGuide, LowRankGuide or DeltaGuide, got "
                 f"{type(members).__name__}"
@@ -107,7 +108,7 @@ class Ensemble(PyroModule):
             raise TypeError("guide(model) must return a guide that has not been called yet")
         # named after the members' guide, so that ensembles of guides of different names
         # keep their parameters apart in Pyro's param store: "<name>.members.locs.<site>"
-        super().__init__(name=members._pyro_name)
+        super().__init__(name=pyro_name(members))
         members.member_shape = (self.num_members,) + (1,) * self.model_plate_nesting
         self.members = members
 

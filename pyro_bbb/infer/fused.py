@@ -39,6 +39,7 @@ for each prior, likelihood, estimator and guide, and for ensembles of each guide
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Iterable
 from contextlib import nullcontext
@@ -46,15 +47,16 @@ from dataclasses import dataclass
 
 import pyro.distributions as dist
 import torch
-from pyro.nn.module import _is_module_local_param_enabled
 from pyro.poutine.messenger import Messenger
 from pyro.poutine.runtime import Message
 
+from .._pyro_compat import module_local_params, run_context, sample_attributes, set_cached_value
 from ..likelihoods import Bernoulli, Categorical, Gaussian
 from ..model import BNN
-from ..nn.affine import AffineMap, sample_shape_of
+from ..nn.affine import AffineMap
 from ..nn.layers import BayesianAffine
-from ._low_rank_block import LowRankBlock
+from ..nn.sample_dims import current_draw, sample_shape_of
+from ._low_rank_block import LowRankBlock, cholesky
 from .elbo import AnnealedELBO, ELBOTerms
 from .ensemble import Ensemble
 from .guides import LowRankGuide, MeanFieldGuide
@@ -99,7 +101,7 @@ def _network_sites(model: BNN) -> dict[str, _Site] | None:
     """
     sites = {}
     for module in model.net.modules():
-        samples = module.__dict__.get("_pyro_samples", {})
+        samples = sample_attributes(module)
         if not isinstance(module, BayesianAffine):
             if samples:
                 return None
@@ -145,7 +147,7 @@ def fused_elbo(
         or type(model.likelihood) not in _LIKELIHOODS
         or type(elbo) is not AnnealedELBO
         or reparam not in _OPS
-        or _is_module_local_param_enabled()
+        or module_local_params()
     ):
         return None
     sites = _network_sites(model)
@@ -201,24 +203,30 @@ class FusedELBO:
         """
         return set(traced.sites) == {self.model.observation_site, *self._draws.term_names()}
 
-    def terms(self, x: torch.Tensor, y: torch.Tensor) -> ELBOTerms:
+    def terms(
+        self, x: torch.Tensor, y: torch.Tensor, *, beta: torch.Tensor | None = None
+    ) -> ELBOTerms:
         """Estimate the objective and its parts on a minibatch, as the traced ELBO would.
 
         Args:
             x: Features ``(batch, *features)``, already checked.
             y: Targets ``(batch[, dim])``, already checked.
+            beta: β as a 0-dim tensor of the loss's dtype and device, read when the step
+                runs (a step captured as a CUDA graph sees the value written into it before
+                each replay); ``None`` takes the ELBO's ``beta``. The loss is the same bit
+                for bit either way.
 
         Returns:
             :class:`~pyro_bbb.infer.elbo.ELBOTerms`; ``sites`` holds the same names as the
-            traced path's (the observation and every latent term).
+            traced path's (the observation and every latent term). ``beta`` is the tensor
+            when one was given.
         """
         model, particles = self.model, self.elbo.num_particles
         sample = (particles, *self._draws.particle_padding) if particles > 1 else ()
         draw = self._draws.draw(sample)
-        context = model._pyro_context
-        with context:
+        with run_context(model):
             for name, value in draw.values.items():
-                context.set(name, value)
+                set_cached_value(model, name, value)
             layers = nullcontext() if self._op is None else _GivenSplits(self._op, draw.splits)
             with layers:
                 output = model.net(x)
@@ -235,7 +243,8 @@ class FusedELBO:
         kl = _add(closed, sampled)
         if kl is None:
             kl = torch.zeros((), dtype=nll.dtype, device=nll.device)
-        beta = self.elbo.beta
+        if beta is None:
+            beta = self.elbo.beta
         return ELBOTerms(nll + beta * kl, nll, kl, beta, sites)
 
 
@@ -263,9 +272,14 @@ class _GivenSplits(Messenger):
     def _pyro_bayesian_affine(self, msg: Message) -> None:
         x, weight, bias = msg["args"]
         kwargs = msg["kwargs"]
-        w = self._split(kwargs["weight_site"], weight)
-        b = None if bias is None else self._split(kwargs["bias_site"], bias)
-        msg["value"] = self._op(kwargs["affine"], x, w, b)
+        w_site, b_site, affine = kwargs["weight_site"], kwargs["bias_site"], kwargs["affine"]
+        w = self._split(w_site, weight)
+        b = None if bias is None else self._split(b_site, bias)
+        draw = current_draw()  # inside a per-draw pass: the current draw's part of each
+        if draw is not None:
+            w = w.for_draw(draw, affine.input_event_dims + 1, w_site)
+            b = None if b is None else b.for_draw(draw, 1, b_site)
+        msg["value"] = self._op(affine, x, w, b)
         msg["done"] = True
 
     def _split(self, site: str | None, value: torch.Tensor) -> Split:
@@ -373,7 +387,9 @@ class _MeanFieldDraws(_Draws):
             shape = (*sample, *loc.shape)  # loc: (K, 1, *site shape) for an ensemble's members
             if skip:
                 value = None
-                values[site.name] = loc  # what the layer is handed; the estimator replaces it
+                # what the layer is handed (the estimator replaces it): the mean, a view with
+                # the draws' sample dims, so a network run once per draw sees how many
+                values[site.name] = loc.expand(shape) if sample else loc
             else:
                 value = torch.addcmul(loc, _standard_normal(shape, loc), scale)
                 values[site.name] = value
@@ -585,7 +601,7 @@ def _block_draws(
     # log det(D + VV^T) = sum log sigma^2 + log det(I + U D^-1 U^T), the determinant lemma
     whitened = (factor_t / scale.unsqueeze(-2)).reshape(-1, rank, size)
     eye = torch.eye(rank, dtype=loc.dtype, device=loc.device)
-    tril = torch.linalg.cholesky(torch.baddbmm(eye, whitened, whitened.mT))
+    tril = cholesky(torch.baddbmm(eye, whitened, whitened.mT))
     half_log_det = scale.log().sum(-1) + tril.diagonal(dim1=-2, dim2=-1).log().sum(-1).reshape(
         members
     )
@@ -624,17 +640,27 @@ def _prior_locs(locs: list, like: torch.Tensor) -> torch.Tensor | None:
     if all(isinstance(m, float) and m == 0.0 for m in locs):
         return None
     if all(isinstance(m, float) for m in locs):
-        return like.new_tensor(locs)
+        return _numbers(tuple(locs), like.dtype, like.device)
     return torch.stack([torch.as_tensor(m, dtype=like.dtype, device=like.device) for m in locs])
 
 
 def _coefficients(scales: list, like: torch.Tensor) -> torch.Tensor:
     """``1 / s²`` of each group's prior scale, one tensor (its gradient flows to a tensor s)."""
     if all(isinstance(s, float) for s in scales):
-        return like.new_tensor([1.0 / (s * s) for s in scales])
+        return _numbers(tuple(1.0 / (s * s) for s in scales), like.dtype, like.device)
     return torch.stack(
         [
             torch.as_tensor(s, dtype=like.dtype, device=like.device).square().reciprocal()
             for s in scales
         ]
     )
+
+
+@functools.lru_cache(maxsize=256)
+def _numbers(values: tuple[float, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """``values`` as a tensor, made once per device and dtype and shared (never written to).
+
+    Made every step, it would copy from the host each time: on CUDA a transfer a captured
+    step cannot contain.
+    """
+    return torch.tensor(values, dtype=dtype, device=device)

@@ -40,6 +40,7 @@ import pyro.distributions as dist
 import torch
 from torch.distributions import Distribution, Independent, Normal, register_kl
 
+from .._pyro_compat import low_rank_capacitance_tril, low_rank_parts
 from .._shapes import collapse_broadcast
 
 __all__ = [
@@ -264,12 +265,12 @@ def kl_low_rank_diagonal(q: dist.LowRankMultivariateNormal, p: Independent) -> t
     if p.reinterpreted_batch_ndims != 1 or not isinstance(base, torch.distributions.Normal):
         raise NotImplementedError
     loc, var = base.loc, base.scale.pow(2)
-    factor, diag = q._unbroadcasted_cov_factor, q._unbroadcasted_cov_diag
+    factor, diag = low_rank_parts(q)
     trace_term = ((diag + factor.pow(2).sum(-1)) / var).sum(-1)
     mahalanobis = ((q.loc - loc).pow(2) / var).sum(-1)
     # log det(D + VVᵀ) = log det D + log det(I + Vᵀ D⁻¹ V); torch keeps the Cholesky factor of
     # that r × r capacitance matrix from the constructor, so it is not factorised again.
-    capacitance_tril = q._capacitance_tril
+    capacitance_tril = low_rank_capacitance_tril(q)
     log_det_q = diag.log().sum(-1) + 2 * capacitance_tril.diagonal(dim1=-2, dim2=-1).log().sum(-1)
     d = q.event_shape[-1]
     return 0.5 * (trace_term + mahalanobis - d + var.log().sum(-1) - log_det_q)
@@ -291,7 +292,7 @@ def _low_rank_inverse(p: dist.LowRankMultivariateNormal) -> tuple[torch.Tensor, 
     parts = _LOW_RANK_PARTS.get(p)
     if parts is not None:
         return parts
-    factor, diag, tril = p._unbroadcasted_cov_factor, p._unbroadcasted_cov_diag, p._capacitance_tril
+    (factor, diag), tril = low_rank_parts(p), low_rank_capacitance_tril(p)
     a = torch.linalg.solve_triangular(tril, factor.mT / diag.unsqueeze(-2), upper=False)
     log_det = diag.log().sum(-1) + 2 * tril.diagonal(dim1=-2, dim2=-1).log().sum(-1)
     parts = (a, a.pow(2).sum(-2), log_det)
@@ -313,7 +314,7 @@ def _against_low_rank(
     \Sigma_q` and q's factor (``None`` for a diagonal q).
     """
     a, a2, log_det_p = _low_rank_inverse(p)
-    diag = p._unbroadcasted_cov_diag
+    diag = low_rank_parts(p)[1]
     # tr(Σ_p⁻¹ Σ_q) with Σ_q = S + V_q V_qᵀ: Σ S/D - colsum(A∘A)·S, then the factor's part
     trace = (trace_diag / diag).sum(-1) - (a2 * trace_diag).sum(-1)
     if q_factor is not None:
@@ -394,10 +395,9 @@ def kl_low_rank_low_rank(
         raise ValueError(
             f"the two Gaussians have event shapes {tuple(q.event_shape)} and {tuple(p.event_shape)}"
         )
-    factor, diag = q._unbroadcasted_cov_factor, q._unbroadcasted_cov_diag
-    log_det_q = diag.log().sum(-1) + 2 * q._capacitance_tril.diagonal(dim1=-2, dim2=-1).log().sum(
-        -1
-    )
+    factor, diag = low_rank_parts(q)
+    tril = low_rank_capacitance_tril(q)
+    log_det_q = diag.log().sum(-1) + 2 * tril.diagonal(dim1=-2, dim2=-1).log().sum(-1)
     delta = collapse_broadcast(q.loc, 1) - p.loc
     kl = _against_low_rank(delta, diag, log_det_q, p, factor)
     return _expanded(kl, q, p)

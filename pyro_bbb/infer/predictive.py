@@ -30,6 +30,7 @@ import pyro.poutine as poutine
 import torch
 
 from .. import metrics
+from .._heap import kept_heap
 from .._validation import (
     check_finite_tensor,
     check_int,
@@ -290,7 +291,9 @@ def predict(
             ``"local"`` each point gets its own weight draw, so samples are not joint
             functions across points; for MLPs the marginal predictive per point is the same,
             for conv nets it is approximate (see :mod:`pyro_bbb.infer.reparam`). ``None`` is exact.
-        batch_size: Evaluate ``x`` in chunks of this many rows to bound memory.
+        batch_size: Evaluate ``x`` in chunks of this many rows to bound memory. On the CPU
+            the chunks reuse the memory the previous one freed (glibc; as in
+            :func:`~pyro_bbb.fit`, off with ``PYRO_BBB_KEEP_HEAP=0``).
         seed: Seed for Pyro and torch.
 
     Returns:
@@ -313,7 +316,8 @@ def predict(
     chunks = [x] if batch_size is None else list(torch.split(x, batch_size))
     parts: list[dist.TorchDistribution] = []
     draws: list[torch.Tensor] = []
-    with estimator(reparam)():
+    # chunks on the CPU reuse the memory the last one freed (see pyro_bbb._heap)
+    with estimator(reparam)(), kept_heap(len(chunks) > 1 and x.device.type == "cpu"):
         guide_trace = poutine.trace(plate(guide)).get_trace(x)
         for chunk in chunks:
             trace = poutine.trace(poutine.replay(plate(model), trace=guide_trace)).get_trace(chunk)

@@ -50,9 +50,12 @@ from pyro.poutine.messenger import Messenger
 from pyro.poutine.runtime import Message
 from pyro.poutine.util import site_is_subsample
 
+from .._pyro_compat import autonormal_latent, low_rank_parts
 from .._shapes import broadcast_shape, collapse_broadcast
-from ..nn.affine import AffineMap, sample_shape
+from ..nn.affine import AffineMap
+from ..nn.draws import DrawPath, draw_path
 from ..nn.network_summary import WEIGHT_SAMPLING, summary
+from ..nn.sample_dims import Draw, current_draw, sample_shape
 from .sites import BLOCK_KEY
 
 __all__ = [
@@ -93,6 +96,23 @@ class Split:
     def deviation(self) -> torch.Tensor | None:
         r"""The drawn independent part, :math:`W - \bar W` (flipout's perturbation)."""
         return None if self.value is None else self.value - self.shared
+
+    def for_draw(self, draw: Draw | None, event_dims: int, site: str | None) -> Split:
+        """This split for the current draw of a per-draw pass of the network; itself outside one.
+
+        Args:
+            draw: The draw under way (:func:`~pyro_bbb.nn.sample_dims.current_draw`).
+            event_dims: The parameter's own dims (2 for a Linear weight, 1 for a bias).
+            site: The parameter's site name.
+        """
+        if draw is None:
+            return self
+        select = draw.select
+        return Split(
+            select(self.shared, event_dims),
+            None if self.variance is None else select(self.variance, event_dims),
+            None if self.value is None else select(self.value, event_dims, site),
+        )
 
 
 def _same_draw(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -145,8 +165,19 @@ class _WeightNoiseMessenger(Messenger):
             return
         x, weight, bias = msg["args"]
         affine: AffineMap = msg["kwargs"]["affine"]
-        w = self._split(msg["kwargs"]["weight_site"], weight, affine.input_event_dims + 1)
-        b = None if bias is None else self._split(msg["kwargs"]["bias_site"], bias, 1)
+        w_site, b_site = msg["kwargs"]["weight_site"], msg["kwargs"]["bias_site"]
+        w_dims = affine.input_event_dims + 1
+        draw = current_draw()
+        if draw is None:
+            w = self._split(w_site, weight, w_dims)
+            b = None if bias is None else self._split(b_site, bias, 1)
+        else:  # a per-draw pass of the network: split the draws, keep the current one's part
+            w = self._split(w_site, draw.as_drawn(w_site, weight), w_dims)
+            w = w.for_draw(draw, w_dims, w_site)
+            if bias is not None:
+                b = self._split(b_site, draw.as_drawn(b_site, bias), 1).for_draw(draw, 1, b_site)
+            else:
+                b = None
         msg["value"] = self._apply(affine, x, w, b)
         msg["done"] = True
 
@@ -179,7 +210,7 @@ class _WeightNoiseMessenger(Messenger):
     def _source(self, site: str, draw: _Draw) -> _Draw:
         """Follow AutoNormal's ``Delta`` at a real site to its ``<site>_unconstrained`` draw."""
         if isinstance(draw.fn, dist.Delta):
-            aux = self._draws.get(f"{site}_unconstrained")
+            aux = self._draws.get(autonormal_latent(site))
             if aux is not None and _same_draw(aux.value, draw.fn.v):
                 return aux
         return draw
@@ -197,9 +228,9 @@ class _WeightNoiseMessenger(Messenger):
                     "pyro_bbb.LowRankGuide"
                 )
             loc = fn.loc[..., start:stop]
-            factor = fn._unbroadcasted_cov_factor[..., start:stop, :]
-            shared = loc + (factor @ noise.unsqueeze(-1)).squeeze(-1)
-            variance = collapse_broadcast(fn._unbroadcasted_cov_diag[..., start:stop], 1)
+            factor, diag = low_rank_parts(fn)
+            shared = loc + (factor[..., start:stop, :] @ noise.unsqueeze(-1)).squeeze(-1)
+            variance = collapse_broadcast(diag[..., start:stop], 1)
         else:
             normal = _normal_of(fn)
             if normal is None:
@@ -418,20 +449,43 @@ def estimators_by_layer(model: object, reparam: str | None) -> dict[str, str]:
     return summary(model, reparam=reparam).estimators()
 
 
-def warn_mixed_estimators(model: object, reparam: str | None) -> dict[str, str]:
-    """Warn once if ``reparam`` leaves some Bayesian layers to weight sampling; list them.
+def warn_slower_paths(
+    model: object, reparam: str | None, *, several_draws: bool = False, stacklevel: int = 2
+) -> dict[str, str]:
+    """Warn once, listing every layer of a fit that takes a slower path; return the estimators.
+
+    Two things are slower than the rest: a Bayesian layer ``reparam`` does not apply to (it
+    has no affine map, so it is drawn by weight sampling), and, when a step draws several
+    weight sets (``several_draws``: particles or ensemble members), a network that runs its
+    draws one after another because ``torch.func.vmap`` has no rule for one of its layers
+    (:mod:`pyro_bbb.nn.draws`; decide it first with
+    :func:`~pyro_bbb.nn.draws.settle_draws`). Nothing is said when neither applies.
+
+    Args:
+        model: A Bayesian network or model (anything else has no layers to report).
+        reparam: ``None``, ``"local"`` or ``"flipout"``.
+        several_draws: Whether each step draws several weight sets.
+        stacklevel: As for :func:`warnings.warn`, counted from the caller.
 
     Returns:
         The mapping of :func:`estimators_by_layer`.
     """
     layers = estimators_by_layer(model, reparam)
+    parts = []
     sampled = [layer or "(root)" for layer, how in layers.items() if how == WEIGHT_SAMPLING]
     if reparam is not None and sampled:
         fast = [layer or "(root)" for layer, how in layers.items() if how != WEIGHT_SAMPLING]
-        warnings.warn(
+        parts.append(
             f"reparam={reparam!r} applies to the affine layers {fast}; the layers {sampled} "
-            "have no affine map and are drawn by weight sampling (see model.summary())",
-            UserWarning,
-            stacklevel=3,
+            "have no affine map and are drawn by weight sampling (see model.summary())"
         )
+    net = getattr(model, "net", model)
+    known = draw_path(net) if several_draws and isinstance(net, torch.nn.Module) else None
+    if known is not None and known.path is DrawPath.LOOP:
+        parts.append(
+            f"each step's weight draws run through the network one after another, as "
+            f"torch.func.vmap cannot batch {known.reason} (see model.summary())"
+        )
+    if parts:
+        warnings.warn("; ".join(parts), UserWarning, stacklevel=stacklevel + 1)
     return layers

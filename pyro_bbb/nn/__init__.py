@@ -8,6 +8,8 @@
   :func:`fresh_initial_values`;
 * :mod:`~pyro_bbb.nn.module_layer`: :class:`BayesianModule`, any other module by weight
   sampling;
+* :mod:`~pyro_bbb.nn.draws`: how several weight draws at once reach a network (through its
+  layers where that is proved safe, else around its ``forward``, once per draw);
 * :mod:`~pyro_bbb.nn.builders`: :func:`bayesianize` any ``nn.Module``, or build an
   :func:`mlp` in one call;
 * :mod:`~pyro_bbb.nn.network_summary`: :func:`summary`, a table of every parameter of a network;
@@ -18,6 +20,7 @@ Nothing in this package knows of guides, training or evaluation.
 
 from .affine import AffineMap, Conv2dMap, ConvMap, LinearMap, bayesian_affine
 from .builders import bayesianize, mlp
+from .draws import DrawPath, describe_draws, draw_path, settle_draws
 from .layers import BayesianAffine, BayesianLayer, fresh_initial_values, initial_values
 from .module_layer import BayesianModule
 from .multi_head import MultiHead
@@ -30,12 +33,16 @@ __all__ = [
     "BayesianModule",
     "Conv2dMap",
     "ConvMap",
+    "DrawPath",
     "LinearMap",
     "MultiHead",
     "bayesian_affine",
     "bayesianize",
+    "describe_draws",
+    "draw_path",
     "fresh_initial_values",
     "initial_values",
     "mlp",
+    "settle_draws",
     "summary",
 ]

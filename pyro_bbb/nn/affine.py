@@ -7,8 +7,9 @@ applies them. It knows nothing of priors, guides or estimators.
 
 **Shapes.** Under Pyro plates a global weight site drawn ``P`` times (particles, predictive
 samples) has shape ``(P, 1, *weight_shape)``: the ``1`` is the data plate's dim; replayed by
-``Predictive`` it is ``(P, *weight_shape)``. :func:`sample_shape` drops that trailing ``1``
-where present, and the remaining sample dims broadcast against the input's leading dims. Inputs are
+``Predictive`` it is ``(P, *weight_shape)``. :func:`~pyro_bbb.nn.sample_dims.sample_shape`
+drops that trailing ``1`` where present, and the remaining sample dims broadcast against the
+input's leading dims. Inputs are
 ``(*sample, batch, *features)`` where ``sample`` may be empty (the first layer) and
 ``features`` is ``(in_features,)`` or ``(channels, *spatial)``. Outputs are
 ``(*broadcast(sample, weight_sample), batch, *out_features)``. ``torch.nn.functional.linear``
@@ -18,12 +19,14 @@ and ``conv*d`` accept neither, which is why ``nn.Linear`` cannot be vectorised o
 when no Pyro handler is active. Under a handler it is a message of type
 ``"bayesian_affine"`` carrying the weight and bias *site names*, so an estimator such as
 local reparameterisation can replace the computation (see :mod:`pyro_bbb.infer.reparam`).
+Inside a per-draw pass of a network (:mod:`pyro_bbb.nn.draws`) the layer hands it the
+current draw's weights, and a handler finds the draw they belong to with
+:meth:`~pyro_bbb.nn.sample_dims.Draw.as_drawn`.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -31,6 +34,7 @@ import torch.nn.functional as F
 from pyro.poutine.runtime import effectful
 
 from .._shapes import broadcast_shape
+from .sample_dims import sample_shape
 
 __all__ = [
     "AffineMap",
@@ -38,24 +42,7 @@ __all__ = [
     "ConvMap",
     "LinearMap",
     "bayesian_affine",
-    "sample_shape",
-    "sample_shape_of",
 ]
-
-
-def sample_shape(param: torch.Tensor, event_dims: int) -> torch.Size:
-    """Sample dims of a parameter with a trailing size-1 (data plate) dim dropped.
-
-    Empty for a plain parameter. ``(P, 1, out, in)`` (drawn under a particle plate) and
-    ``(P, out, in)`` (as ``Predictive`` replays guide samples) both give ``(P,)``.
-    """
-    return sample_shape_of(param.shape, event_dims)
-
-
-def sample_shape_of(shape: Sequence[int], event_dims: int) -> Sequence[int]:
-    """:func:`sample_shape` of a parameter of ``shape``, for a draw not formed (yet)."""
-    dims = shape[: len(shape) - event_dims]
-    return dims[:-1] if dims and dims[-1] == 1 else dims
 
 
 def _squeeze_sample(param: torch.Tensor, event_dims: int, sample_shape: torch.Size) -> torch.Tensor:

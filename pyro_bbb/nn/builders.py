@@ -19,13 +19,13 @@ import torch
 from pyro.nn import PyroModule
 from pyro.nn.module import to_pyro_module_
 from torch import nn
-from torch.nn.modules.conv import _ConvNd, _ConvTransposeNd
 
+from .._pyro_compat import conv_kinds
 from ..priors import Gaussian, PriorSpec, resolve_prior
 from .affine import AffineMap, ConvMap, LinearMap
-from .layers import BayesianAffine, fold_sample_dims, freeze_parameter
+from .draws import PerDrawForward, broadcasts_draws
+from .layers import BayesianAffine, freeze_parameter
 from .module_layer import BayesianModule
-from .sample_dims import track_sample_dims
 
 __all__ = ["bayesianize", "mlp"]
 
@@ -44,11 +44,11 @@ def _affine_of(module: nn.Module) -> AffineMap | None:
     if isinstance(module, nn.Linear) and cls.forward is nn.Linear.forward:
         return LinearMap()
     base = next((c for c in _CONV_CLASSES if isinstance(module, c)), None)
-    if base is None or cls.forward is not base.forward or not isinstance(module, _ConvNd):
+    conv, transposed = conv_kinds(module)
+    if base is None or cls.forward is not base.forward or not conv:
         return None
     if module.padding_mode != "zeros":
         return None
-    transposed = isinstance(module, _ConvTransposeNd)
     return ConvMap(
         dims=len(module.kernel_size),
         stride=tuple(module.stride),
@@ -98,13 +98,11 @@ def bayesianize(
     became.
     A parameter frozen with ``requires_grad=False`` and kept deterministic stays frozen (it is
     held as a buffer of the same name, out of Pyro's param store).
-    Layers that accept only 4-D inputs (2-D pooling, ``BatchNorm2d``, ``InstanceNorm2d``,
-    ``Dropout2d``) are given a forward that folds the weights' sample dims into the batch,
-    so vectorised particles and predictions work through them, and ``nn.Flatten`` and
-    ``nn.Unflatten`` skip those sample dims (``nn.Flatten()`` after a convolution flattens
-    each draw's features; see :mod:`pyro_bbb.nn.sample_dims`). A reshape of your own in a
-    ``forward`` must count feature dims from the end: ``x.flatten(-3)``, not
-    ``x.view(x.shape[0], -1)``.
+    The network's ``forward`` runs unchanged and always sees the shapes it was written for
+    (``torch.flatten(x, 1)``, ``out[:, -1]``, ``nn.LSTM``, ``BatchNorm``): when a
+    :class:`~pyro_bbb.BNN` draws several weight sets at once (particles, ``predict``, an
+    ensemble) it runs the network once per draw, vectorised by ``torch.func.vmap`` where it
+    can (see :mod:`pyro_bbb.nn.draws`).
 
     For a last-layer (or any subnetwork) BNN on a trained body, name the layers:
     ``bayesianize(trained, only="head.*")``.
@@ -153,9 +151,9 @@ def bayesianize(
             "bayesianize found no parameter to make Bayesian "
             f"(only={only!r}, deterministic={list(selection.deterministic)!r})"
         )
-    fold_sample_dims(net)
-    track_sample_dims(net)
     _to_pyro_modules(net)
+    if not broadcasts_draws(net):  # several weight draws go around its forward, not through
+        net.forward = PerDrawForward(net)
     return net
 
 
@@ -221,7 +219,7 @@ def _to_pyro_modules(module: nn.Module) -> None:
     # keeps its order only if all of them are PyroModules by then.
     to_pyro_module_(module, recurse=False)
     if isinstance(module, BayesianModule):  # its wrapped module shares its name and context
-        module._pyro_set_supermodule(module._pyro_name, module._pyro_context)
+        module.share_name()
 
 
 def _check_carried_shape(prior: object, site: str, shape: torch.Size) -> None:

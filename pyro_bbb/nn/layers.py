@@ -13,35 +13,24 @@ training.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
 import pyro.distributions as dist
 import torch
 from pyro.nn import PyroModule, PyroSample
 from torch import nn
 
+from .._pyro_compat import cached_value, pyro_name, site_name
 from ..priors import PriorSpec
 from .affine import AffineMap, ConvMap, bayesian_affine
-from .sample_dims import SAMPLE_AWARE, current_sample_dims, note_sample_dims
 
 __all__ = [
     "BayesianAffine",
     "BayesianLayer",
-    "fold_sample_dims",
     "freeze_parameter",
     "fresh_initial_values",
     "initial_values",
-    "user_class",
 ]
-
-
-def user_class(module: nn.Module) -> type[nn.Module]:
-    """The class a user gave ``module``: not ``PyroModule[...]`` nor a sample-folding version."""
-    return next(
-        cls
-        for cls in type(module).__mro__
-        if cls.__module__ != "pyro.nn.module" and cls not in _SAMPLE_FOLDING.values()
-    )
 
 
 #: The attribute listing a module's frozen parameters (kept as buffers).
@@ -116,6 +105,10 @@ class BayesianLayer(PyroModule):
         self.priors = dict(priors)
         self.centre_priors = bool(centre_priors)
         self.fan_in: dict[str, int] = {}
+        # Each depends on the layer's place in its network or on the prior's device, and is
+        # kept with what it was computed for: (prior, device, dtype), the layer's Pyro name.
+        self._prior_cache: dict[str, tuple] = {}
+        self._site_name_cache: tuple[str | None, dict[str, str]] = (None, {})
 
     def _add_parameter(self, name: str, value: torch.Tensor | None, fan_in: int) -> None:
         """Make ``value`` the parameter ``name``: a sample site if it has a prior."""
@@ -151,13 +144,12 @@ class BayesianLayer(PyroModule):
         joint = getattr(prior, "joint_sites", ())
         if joint:
             prefix = self._joint_prefix(param, prior.site)
-            context = self._pyro_context  # holds this run's draws, by full site name
-            drawn = {s: v for s in joint if (v := context.get(prefix + s)) is not None}
+            drawn = {s: v for s in joint if (v := cached_value(self, prefix + s)) is not None}
             return prior.site_distribution(
                 init.shape, fan_in=fan_in, device=init.device, dtype=init.dtype, drawn=drawn
             )
         key = (prior, init.device, init.dtype)
-        cache = self.__dict__.setdefault("_prior_cache", {})
+        cache = self._prior_cache
         cached = cache.get(param)
         if cached is not None and cached[0] == key:
             return cached[1]
@@ -192,12 +184,11 @@ class BayesianLayer(PyroModule):
         A name depends on where the layer sits in its network, so the cache is keyed by
         the layer's own Pyro name.
         """
-        prefix = self.__dict__.get("_pyro_name")
-        cached = self.__dict__.get("_site_name_cache")
-        if cached is None or cached[0] != prefix:
-            names = {name: self._pyro_get_fullname(name) for name in self.priors}
-            cached = (prefix, names)
-            self.__dict__["_site_name_cache"] = cached
+        prefix = pyro_name(self)
+        cached = self._site_name_cache
+        if cached[0] != prefix:
+            cached = (prefix, {name: site_name(self, name) for name in self.priors})
+            self._site_name_cache = cached
         return cached[1]
 
     def parameter_shape(self, name: str) -> torch.Size:
@@ -242,6 +233,7 @@ class BayesianAffine(BayesianLayer):
     ) -> None:
         super().__init__(priors, centre_priors=centre_priors)
         self.affine = affine
+        self._checked_shapes: tuple | None = None  # the last input shape that passed
         fan_in = int(weight[0].numel())  # torch's own convention, also for transposed convs
         self._add_parameter("weight", weight, fan_in)
         self._add_parameter("bias", bias, fan_in)
@@ -257,8 +249,7 @@ class BayesianAffine(BayesianLayer):
         """
         self._check_features(x)
         names = self._site_names()
-        x_sample_dims = current_sample_dims()
-        out = bayesian_affine(
+        return bayesian_affine(
             x,
             self._value("weight", names),
             self._value("bias", names),
@@ -266,9 +257,6 @@ class BayesianAffine(BayesianLayer):
             weight_site=names.get("weight"),
             bias_site=names.get("bias"),
         )
-        # Input and output have as many feature dims: extra dims are the draws' sample dims.
-        note_sample_dims(x_sample_dims + out.dim() - x.dim())
-        return out
 
     def _value(self, param: str, names: dict[str, str]) -> torch.Tensor | None:
         """``getattr(self, param)``, read first from this run's draws when one was made.
@@ -281,7 +269,7 @@ class BayesianAffine(BayesianLayer):
         """
         site = names.get(param)
         if site is not None:
-            value = self._pyro_context.get(site)  # None outside a run
+            value = cached_value(self, site)  # None outside a run
             if value is not None:
                 return value
         return getattr(self, param)
@@ -290,33 +278,23 @@ class BayesianAffine(BayesianLayer):
         """Raise if ``x``'s trailing dims are not this layer's input features.
 
         The check depends only on the input's shape, the weight's and the map, so the last
-        three that passed are remembered and the next call with the same (every step of a
-        fit) is free; any other input is checked, and fails at the call that passes it.
+        one that passed is remembered and the next call with the same (every step of a fit)
+        is free; any other input is checked, and fails at the call that passes it.
         """
         key = (x.shape, self.parameter_shape("weight"), self.affine)
-        if self.__dict__.get("_checked_shapes") == key:
+        if self._checked_shapes == key:
             return
         expected = self._expected_features()
         got = x.shape[x.dim() - len(expected) :]
         if len(got) != len(expected) or any(
             e is not None and e != g for e, g in zip(expected, got, strict=True)
         ):
-            hint = ""
-            if len(expected) == 1 and expected[0] and got and got[-1] % expected[0] == 0:
-                # e.g. x.view(x.shape[0], -1) after a convolution, under several draws
-                hint = (
-                    ": a reshape between layers seems to have merged the batch into the "
-                    "features. Weight draws (several particles, predict, an Ensemble) add "
-                    "leading dims, so a reshape of your own must count feature dims from the "
-                    "end, e.g. x.flatten(-3) after a Conv2d, x.flatten(-2) after a Conv1d "
-                    "(nn.Flatten and nn.Unflatten skip the sample dims themselves)"
-                )
             raise ValueError(
-                f"{type(self).__name__} {self._pyro_name or '(root)'!r} expects input "
+                f"{type(self).__name__} {pyro_name(self) or '(root)'!r} expects input "
                 f"features {tuple(expected)} in its last dims, got x of shape "
-                f"{tuple(x.shape)}{hint}"
+                f"{tuple(x.shape)}"
             )
-        self.__dict__["_checked_shapes"] = key
+        self._checked_shapes = key
 
     def _expected_features(self) -> tuple[int | None, ...]:
         shape = self.parameter_shape("weight")
@@ -328,56 +306,6 @@ class BayesianAffine(BayesianLayer):
         shape = tuple(self.parameter_shape("weight"))
         priors = ", ".join(f"{k}={v!r}" for k, v in self.priors.items())
         return f"{type(self.affine).__name__}, weight={shape}, {priors}"
-
-
-def _folding_forward(base: type[nn.Module]) -> Callable:
-    def forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
-        lead = x.shape[:-3]
-        out = base.forward(self, x.reshape(-1, *x.shape[-3:]), *args, **kwargs)
-        return out.reshape(*lead, *out.shape[1:])
-
-    forward.__doc__ = f"{base.__name__}.forward over inputs with leading sample dims."
-    return forward
-
-
-#: Layers that accept only ``(batch, channels, height, width)``, and their versions that fold
-#: leading sample dims into the batch. Module-level classes, so the networks pickle.
-_SAMPLE_FOLDING: dict[type[nn.Module], type[nn.Module]] = {}
-for _base in (
-    nn.MaxPool2d,
-    nn.AvgPool2d,
-    nn.AdaptiveMaxPool2d,
-    nn.AdaptiveAvgPool2d,
-    nn.LPPool2d,
-    nn.BatchNorm2d,
-    nn.InstanceNorm2d,
-    nn.Dropout2d,
-):
-    _name = f"SampleFolding{_base.__name__}"
-    _SAMPLE_FOLDING[_base] = globals()[_name] = type(
-        _name,
-        (_base,),
-        {
-            "forward": _folding_forward(_base),
-            "__module__": __name__,
-            "__doc__": f"``{_base.__name__}`` for inputs ``(*sample, batch, C, H, W)``.",
-        },
-    )
-
-
-_SAMPLE_FOLDING.update(SAMPLE_AWARE)  # and the reshapes that skip the sample dims
-
-
-def fold_sample_dims(module: nn.Module) -> None:
-    """Let 4-D-only layers and reshapes take inputs with sample dims, by class swap.
-
-    Names, arguments and ``state_dict`` are unchanged; ``nn.Flatten`` and ``nn.Unflatten``
-    become their versions in :mod:`pyro_bbb.nn.sample_dims`.
-    """
-    for child in module.modules():
-        folding = _SAMPLE_FOLDING.get(type(child))
-        if folding is not None:
-            child.__class__ = folding
 
 
 def initial_values(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -397,7 +325,7 @@ def initial_values(model: nn.Module) -> dict[str, torch.Tensor]:
     for module in model.modules():
         if isinstance(module, BayesianLayer):
             for param in module.bayesian_parameters:
-                site = f"{module._pyro_name}.{param}" if module._pyro_name else param
+                site = site_name(module, param)
                 init = getattr(module, f"{param}_init")
                 carried = getattr(module.priors[param], "initial_loc", None)
                 if isinstance(carried, torch.Tensor) and carried.shape == init.shape:
@@ -429,7 +357,7 @@ def fresh_initial_values(model: nn.Module) -> dict[str, torch.Tensor]:
         if isinstance(module, BayesianAffine):
             for param in module.bayesian_parameters:
                 bound = 1.0 / module.fan_in[param] ** 0.5
-                site = f"{module._pyro_name}.{param}" if module._pyro_name else param
+                site = site_name(module, param)
                 init = getattr(module, f"{param}_init")
                 values[site] = torch.empty_like(init).uniform_(-bound, bound)
     return values

@@ -3,36 +3,29 @@
 This module holds the general mechanism that puts a prior on the parameters of any
 ``nn.Module`` (an LSTM, a LayerNorm, an Embedding, a layer of your own): a wrapper whose
 parameters are Pyro sample sites and whose forward runs the original module through
-:func:`torch.func.functional_call` with the drawn values. Weights with leading sample dims
-(particles, predictive samples) run through :func:`torch.func.vmap` over that call; a module
-without a batching rule for ``vmap`` (e.g. ``nn.LSTM``) runs its draws one after another,
-and says so once. The affine layers with their fast estimators are in
-:mod:`pyro_bbb.nn.layers`. Nothing here knows of guides or training.
+:func:`torch.func.functional_call` with the drawn values. The module always sees one draw:
+several draws at once reach a network around its ``forward`` (:mod:`pyro_bbb.nn.draws`).
+The affine layers with their fast estimators are in :mod:`pyro_bbb.nn.layers`. Nothing here
+knows of guides or training.
 """
 
 from __future__ import annotations
 
-import math
-import warnings
 from collections.abc import Mapping
 from typing import Any
 
-import torch
-from pyro.nn import PyroModule
 from torch import nn
-from torch.func import functional_call, vmap
-from torch.utils._pytree import tree_map
+from torch.func import functional_call
 
-from .._shapes import broadcast_shape
+from .._pyro_compat import PyroNameSharing, pyro_name, user_class
 from ..priors import PriorSpec
-from .affine import sample_shape
-from .layers import BayesianLayer, user_class
-from .sample_dims import note_sample_dims
+from .layers import BayesianLayer
+from .sample_dims import current_draw, sample_shape
 
 __all__ = ["BayesianModule"]
 
 
-class BayesianModule(BayesianLayer):
+class BayesianModule(PyroNameSharing, BayesianLayer):
     r"""Any module whose direct parameters are Pyro sample sites, by weight sampling.
 
     The wrapper takes over the parameters the module holds itself (``recurse=False``): those
@@ -42,18 +35,11 @@ class BayesianModule(BayesianLayer):
     whose names are unchanged (the module shares the wrapper's Pyro name). Each forward draws
     the parameters and calls ``functional_call(module, drawn, args, kwargs)``.
 
-    **Sample dims.** The first argument is the input ``(*sample, batch, ...)``: the layer
-    records its number of dims on a call without sample dims (the guide's first trace, a
-    prior draw) and counts the extra leading dims of a later input as sample dims (before any
-    such call, leading dims equal to the weights' sample shape are taken as sample dims).
-    Weights drawn with sample dims ``(P, 1, *shape)`` or ``(P, *shape)`` and such inputs are
-    mapped over with :func:`torch.func.vmap`; a module that ``vmap`` cannot batch runs the
-    ``P`` draws in a loop instead, with a one-time :class:`UserWarning` naming it. Outputs
-    (tensors or tuples of them, as ``nn.LSTM`` returns) get the sample dims in front. A
-    module with children (a module of your own with a parameter beside its layers) is not
-    mapped over, since its Bayesian children draw their own weights: it is given its
-    parameters with their sample dims in front, ``(P, *shape)``, and its forward must
-    broadcast them (``self.gain[..., None, None] * self.fc(x)``), as in any Pyro model.
+    The module sees one draw of its parameters at a time, with the shapes it was written
+    for: when the weights carry sample dims (several particles, ``predict``, an ensemble),
+    a :class:`~pyro_bbb.BNN` runs its network once per draw
+    (:class:`~pyro_bbb.nn.draws.DrawRunner`), and this layer reads the current draw's values.
+    Called on its own with drawn sample dims, outside such a pass, it raises.
 
     Args:
         module: The module; its direct parameters are moved into the wrapper.
@@ -66,7 +52,9 @@ class BayesianModule(BayesianLayer):
     """
 
     #: The wrapped module's names do not appear in site names (see
-    #: :func:`~pyro_bbb.nn.network_summary.summary`).
+    #: :func:`~pyro_bbb.nn.network_summary.summary`): it shares the wrapper's name and run
+    #: context (a ``PyroModule`` when it has children), so its children's sites read
+    #: ``"<path>.<child>.<param>"``.
     unnamed_children = ("module",)
 
     def __init__(
@@ -81,6 +69,8 @@ class BayesianModule(BayesianLayer):
                 f"parameters are {sorted(params)}"
             )
         for name, value in params.items():
+            # Taken out, not left empty: functional_call then hands each value over by
+            # setattr, which modules that cache their weights (nn.LSTM) follow.
             del module._parameters[name]
             fan_in = int(value[0].numel()) if value.dim() > 1 else 1
             self._add_parameter(name, value, fan_in)
@@ -94,14 +84,6 @@ class BayesianModule(BayesianLayer):
             return self._modules["module"]
         return super().__getattr__(name)
 
-    def _pyro_set_supermodule(self, name: str, context: Any) -> None:
-        # The wrapped module (a PyroModule when it has children) takes the wrapper's own name
-        # and context, so its children's sites read "<path>.<child>.<param>".
-        super()._pyro_set_supermodule(name, context)
-        module = self._modules.get("module")
-        if isinstance(module, PyroModule):
-            module._pyro_set_supermodule(name, context)
-
     @property
     def wrapped_type(self) -> type[nn.Module]:
         """The class of the wrapped module, not Pyro's or this package's subclass of it."""
@@ -111,84 +93,47 @@ class BayesianModule(BayesianLayer):
         """Draw the parameters and run the module with them.
 
         Args:
-            *args: The module's arguments; the first is the input ``(*sample, batch, ...)``.
+            *args: The module's arguments.
             **kwargs: The module's keyword arguments.
 
         Returns:
-            The module's output, with the draws' sample dims in front of every tensor.
+            The module's output.
+
+        Raises:
+            ValueError: If the drawn parameters carry sample dims outside a per-draw pass
+                of the network (the layer called on its own under a Pyro plate).
         """
-        module = self._modules["module"]
-        values = {name: getattr(self, name) for name in self.parameter_names}
-        values = {name: value for name, value in values.items() if value is not None}
-        shapes = {name: self.parameter_shape(name) for name in values}
-        w_sample = broadcast_shape(
-            *(sample_shape(value, len(shapes[name])) for name, value in values.items())
-        )
-        x = args[0] if args else None
-        x_sample = self._input_sample_shape(x, w_sample)
-        sample = broadcast_shape(w_sample, x_sample)
-        if not sample:
-            return functional_call(module, values, args, kwargs)
-        note_sample_dims(len(sample))
-        if next(module.children(), None) is not None:
-            # Layers inside it draw their own weights, with their own sample dims: mapping
-            # over draws would draw those once per draw. Its forward broadcasts instead.
-            values = {
-                name: value.reshape(*sample_shape(value, len(shapes[name])), *shapes[name])
-                for name, value in values.items()
-            }
-            return functional_call(module, values, args, kwargs)
-        return self._mapped(module, values, shapes, args, kwargs, sample, len(x_sample))
-
-    def _input_sample_shape(self, x: object, w_sample: torch.Size) -> torch.Size:
-        if not isinstance(x, torch.Tensor):
-            return torch.Size()
-        rank = self.__dict__.get("_input_rank")
-        if rank is None and not w_sample:
-            self.__dict__["_input_rank"] = rank = x.dim()
-        if rank is not None:
-            return x.shape[: max(x.dim() - rank, 0)]
-        n = len(w_sample)
-        return x.shape[:n] if x.dim() > n and x.shape[:n] == w_sample else torch.Size()
-
-    def _mapped(self, module, values, shapes, args, kwargs, sample, x_dims):
-        """Run the module once per draw: ``vmap`` over the flattened sample dims, or a loop."""
-        n = math.prod(sample)
-        flat = {}
-        for name, value in values.items():
-            own = sample_shape(value, len(shapes[name]))
-            if own:
-                value = value.reshape(*own, *shapes[name]).expand(*sample, *shapes[name])
-                flat[name] = value.reshape(n, *shapes[name])
-        fixed = {name: value for name, value in values.items() if name not in flat}
-        x, rest = args[0], args[1:]
-        if x_dims:
-            x = x.expand(*sample, *x.shape[x_dims:]).reshape(n, *x.shape[x_dims:])
-
-        def call(drawn, x):
-            return functional_call(module, {**fixed, **drawn}, (x, *rest), kwargs)
-
-        out = None
-        if self.__dict__.get("_vmap_error") is None:
-            try:
-                out = vmap(call, in_dims=(0, 0 if x_dims else None))(flat, x)
-            except RuntimeError as error:
-                error_text = str(error).splitlines()[0]
-                self.__dict__["_vmap_error"] = error_text
-                warnings.warn(
-                    f"layer {self._pyro_name or '(root)'!r} ({self.wrapped_type.__name__}) "
-                    f"cannot be vectorised over weight samples by torch.func.vmap "
-                    f"({error_text}); its {n} draws run one after another",
-                    UserWarning,
-                    stacklevel=2,
+        values = {}
+        draw = current_draw()  # inside a per-draw pass, the values read are the draw's own
+        for name in self.parameter_names:
+            value = getattr(self, name)
+            if value is None:
+                continue
+            dims = len(self.parameter_shape(name))
+            if draw is None and value.dim() > dims and sample_shape(value, dims):
+                raise ValueError(
+                    f"{type(self).__name__} {pyro_name(self) or '(root)'!r}: parameter "
+                    f"{name!r} was drawn with sample dims, shape {tuple(value.shape)}; a module "
+                    "runs on one draw at a time. Run the network through pyro_bbb.BNN, whose "
+                    "forward passes several draws to it one at a time"
                 )
-        if out is None:
-            outs = [
-                call({k: v[i] for k, v in flat.items()}, x[i] if x_dims else x) for i in range(n)
-            ]
-            out = tree_map(lambda *leaves: torch.stack(leaves), *outs)
-        return tree_map(lambda t: t.reshape(*sample, *t.shape[1:]), out)
+            values[name] = value
+        return functional_call(self._modules["module"], values, args, kwargs)
 
     def extra_repr(self) -> str:  # noqa: D102
         priors = ", ".join(f"{k}={v!r}" for k, v in self.priors.items())
         return f"{self.wrapped_type.__name__}, {priors}"
+
+    def __repr__(self) -> str:
+        # The wrapped module's own repr may read the parameters it handed over (LayerNorm's
+        # and BatchNorm's read `self.bias`): lend it their values as made, for the repr only.
+        module = self._modules["module"]
+        lent = [name for name in self.parameter_names if name not in module.__dict__]
+        for name in lent:
+            value = self._buffers.get(f"{name}_init")
+            object.__setattr__(module, name, value if value is not None else getattr(self, name))
+        try:
+            return super().__repr__()
+        finally:
+            for name in lent:
+                module.__dict__.pop(name, None)

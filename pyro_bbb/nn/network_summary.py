@@ -14,8 +14,10 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from .._pyro_compat import join_name, pyro_name, site_name, user_class
 from .affine import ConvMap
-from .layers import FROZEN, BayesianAffine, BayesianLayer, user_class
+from .draws import describe_draws
+from .layers import FROZEN, BayesianAffine, BayesianLayer
 
 __all__ = ["NetworkSummary", "ParameterSummary", "summary"]
 
@@ -56,9 +58,16 @@ class ParameterSummary:
 
 @dataclass(frozen=True)
 class NetworkSummary:
-    """Every parameter of a network; ``str()`` gives a Markdown table with totals."""
+    """Every parameter of a network; ``str()`` gives a Markdown table with totals.
+
+    Attributes:
+        parameters: One row per parameter.
+        draws: How several weight draws at once reach the network
+            (:func:`~pyro_bbb.nn.draws.describe_draws`).
+    """
 
     parameters: tuple[ParameterSummary, ...]
+    draws: str = ""
 
     @property
     def bayesian(self) -> tuple[ParameterSummary, ...]:
@@ -76,7 +85,7 @@ class NetworkSummary:
 
     def __str__(self) -> str:
         lines = [
-            "| parameter | layer | kind | shape | prior | estimator | count |",
+            "| parameter | module | kind | shape | prior | estimator | count |",
             "| --- | --- | --- | --- | --- | --- | ---: |",
         ]
         for p in self.parameters:
@@ -94,11 +103,9 @@ class NetworkSummary:
             f"Bayesian: {b:,} scalars in {len(self.bayesian)} sites; point estimates: {d:,} "
             f"scalars in {len(self.deterministic)} tensors"
         )
+        if self.draws:
+            lines.append(f"Several weight draws at once go {self.draws}")
         return "\n".join(lines)
-
-
-def _join(prefix: str, name: str) -> str:
-    return f"{prefix}.{name}" if prefix and name else prefix or name
 
 
 def _type_name(module: nn.Module) -> str:
@@ -132,19 +139,20 @@ def _rows(module: nn.Module, path: str, reparam: str | None) -> Iterator[Paramet
                     prior += " centred on the initial value"
                 estimator = reparam if fast else WEIGHT_SAMPLING
                 shape = tuple(module.parameter_shape(name))
-                yield ParameterSummary(_join(path, name), path, kind, True, shape, prior, estimator)
+                site = site_name(module, name)
+                yield ParameterSummary(site, path, kind, True, shape, prior, estimator)
             elif module._parameters.get(name) is not None:
-                yield _point_estimate(_join(path, name), path, kind, module._parameters[name])
+                yield _point_estimate(join_name(path, name), path, kind, module._parameters[name])
             elif name in module.__dict__.get(FROZEN, ()):
-                yield _point_estimate(_join(path, name), path, kind, module._buffers[name])
+                yield _point_estimate(join_name(path, name), path, kind, module._buffers[name])
     else:
         for name, value in module.named_parameters(recurse=False):
-            yield _point_estimate(_join(path, name), path, kind, value)
+            yield _point_estimate(join_name(path, name), path, kind, value)
         for name in module.__dict__.get(FROZEN, ()):
-            yield _point_estimate(_join(path, name), path, kind, module._buffers[name])
+            yield _point_estimate(join_name(path, name), path, kind, module._buffers[name])
     unnamed = getattr(module, "unnamed_children", ())
     for name, child in module.named_children():
-        yield from _rows(child, path if name in unnamed else _join(path, name), reparam)
+        yield from _rows(child, path if name in unnamed else join_name(path, name), reparam)
 
 
 def summary(model: nn.Module, *, reparam: str | None = None) -> NetworkSummary:
@@ -152,8 +160,10 @@ def summary(model: nn.Module, *, reparam: str | None = None) -> NetworkSummary:
 
     ``print(summary(model))`` prints a table with one row per parameter (its site or
     parameter name, the layer type, Bayesian or point estimate, shape, prior, estimator and
-    number of scalars) and the totals. Names are the site names the guide uses (a
-    :class:`~pyro_bbb.BNN` roots them at its own name, without ``"net."``).
+    number of scalars), the totals, and how several weight draws at once reach the network
+    (through its layers, or around it once per draw; see :mod:`pyro_bbb.nn.draws`). Names
+    are the site names the guide uses (a :class:`~pyro_bbb.BNN` roots them at its own name,
+    without ``"net."``).
 
     Args:
         model: A network from :func:`~pyro_bbb.nn.bayesianize` or :func:`~pyro_bbb.nn.mlp`,
@@ -167,4 +177,10 @@ def summary(model: nn.Module, *, reparam: str | None = None) -> NetworkSummary:
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-    return NetworkSummary(tuple(_rows(model, getattr(model, "_pyro_name", ""), reparam)))
+    rows = tuple(_rows(model, pyro_name(model), reparam))
+    net = (
+        model._modules.get("net", model)
+        if "net" in getattr(model, "unnamed_children", ())
+        else model
+    )
+    return NetworkSummary(rows, describe_draws(net))

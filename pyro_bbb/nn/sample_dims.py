@@ -1,105 +1,118 @@
-"""Reshapes that skip the leading sample dims which weight draws give activations.
+"""The sample dims of drawn parameters, and the draw a per-draw pass of a network runs on.
 
-Weight draws (several ELBO particles, ``predict``, an ensemble) give a Bayesian layer's output
-leading sample dims, ``(*sample, batch, *features)``. A reshape that counts dims from the
-front, such as the default ``nn.Flatten()`` (``start_dim=1``), would then merge the batch into
-the features. During a forward of a network from :func:`~pyro_bbb.nn.builders.bayesianize`,
-the number of sample dims seen so far is held in a :class:`contextvars.ContextVar`: the
-network's root sets it to 0 when it is entered and restores the previous value when it is
-left (also when its forward raises), so no count outlives the call that made it; each
-Bayesian layer raises it to the sample dims of its output (:func:`note_sample_dims`).
-:class:`SampleDimsFlatten` and :class:`SampleDimsUnflatten`, which ``bayesianize`` puts in
-place of ``nn.Flatten`` and ``nn.Unflatten`` (by class swap: names, arguments and
-``state_dict`` unchanged), shift a non-negative dim by that count, so each draw sees the
-reshape the plain network applies. A negative dim counts from the end and is left as it is.
-
-The count is a running maximum over the layers run so far in the call: a reshape applied to a
-tensor that bypassed the Bayesian layers (the raw input, in a network whose forward uses it
-again after them) must count its dims from the end.
+Under Pyro plates a global weight site drawn ``P`` times (particles, predictive samples) has
+shape ``(P, 1, *weight_shape)``: the ``1`` is the model's data plate dim; replayed by
+``Predictive`` it is ``(P, *weight_shape)``. :func:`sample_shape` reads the sample dims off
+either. When a network runs once per draw (:mod:`pyro_bbb.nn.draws`), the draw under way is
+held in a :class:`contextvars.ContextVar` for the duration of the pass, and
+:meth:`Draw.select` gives a parameter's value (or anything derived from it) for that draw.
+Nothing here knows of layers, guides or training.
 """
 
 from __future__ import annotations
 
 import contextvars
-from typing import Any
+import math
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
 
 import torch
-from torch import nn
 
 __all__ = [
-    "SampleDimsFlatten",
-    "SampleDimsUnflatten",
-    "current_sample_dims",
-    "note_sample_dims",
-    "track_sample_dims",
+    "Draw",
+    "current_draw",
+    "running_draw",
+    "sample_shape",
+    "sample_shape_of",
 ]
 
-#: Sample dims of the activations in the running forward; ``None`` outside any network.
-_SAMPLE_DIMS: contextvars.ContextVar[int | None] = contextvars.ContextVar(
-    "pyro_bbb_sample_dims", default=None
+
+def sample_shape(param: torch.Tensor, event_dims: int) -> torch.Size:
+    """Sample dims of a parameter with a trailing size-1 (data plate) dim dropped.
+
+    Empty for a plain parameter. ``(P, 1, out, in)`` (drawn under a particle plate) and
+    ``(P, out, in)`` (as ``Predictive`` replays guide samples) both give ``(P,)``.
+    """
+    return torch.Size(sample_shape_of(param.shape, event_dims))
+
+
+def sample_shape_of(shape: Sequence[int], event_dims: int) -> Sequence[int]:
+    """:func:`sample_shape` of a parameter of ``shape``, for a draw not formed (yet)."""
+    dims = shape[: len(shape) - event_dims]
+    return dims[:-1] if dims and dims[-1] == 1 else dims
+
+
+@dataclass(frozen=True)
+class Draw:
+    """The draw a per-draw pass of a network runs on.
+
+    Attributes:
+        sample: The draws' sample shape; the pass runs ``prod(sample)`` of them.
+        index: This draw's flat index: an int in a loop, a 0-d tensor batched by
+            :func:`torch.func.vmap` in a vectorised pass.
+        full: Each drawn site's value as drawn, ``(*sample, [1,] *shape)``, by site name.
+        views: Each drawn site's value for this draw, ``shape``, by site name.
+    """
+
+    sample: torch.Size
+    index: int | torch.Tensor
+    full: Mapping[str, torch.Tensor]
+    views: Mapping[str, torch.Tensor]
+
+    @property
+    def count(self) -> int:
+        """The number of draws in the pass."""
+        return math.prod(self.sample)
+
+    def as_drawn(self, site: str | None, value: torch.Tensor) -> torch.Tensor:
+        """The value of ``site`` as drawn, if ``value`` is this draw's view of it; else ``value``.
+
+        Estimators match a layer's weights with the draws they recorded by identity, and
+        those recorded the values as drawn, with their sample dims.
+        """
+        view = self.views.get(site) if site is not None else None
+        return self.full[site] if view is not None and view is value else value
+
+    def select(self, value: torch.Tensor, event_dims: int, site: str | None = None) -> torch.Tensor:
+        """``value``'s slice for this draw.
+
+        Args:
+            value: A parameter's draw, or anything derived from it that carries its sample
+                dims, ``(*sample, [1,] *event)``; its sample dims may be any that broadcast
+                to the pass's (size 1 for a part every draw shares).
+            event_dims: The number of trailing dims that are the parameter's own.
+            site: The site whose drawn value (or this draw's view of it) ``value`` is, if
+                it is one: its slice is then the vectorised pass's input, with no copy.
+
+        Returns:
+            ``(*event,)``.
+        """
+        if site is not None and (self.full.get(site) is value or self.views.get(site) is value):
+            return self.views[site]
+        event = value.shape[value.dim() - event_dims :]
+        own = sample_shape(value, event_dims)
+        if math.prod(own) == 1:
+            return value if value.dim() == event_dims else value.reshape(event)
+        flat = value.reshape(*own, *event).expand(*self.sample, *event)
+        return flat.reshape(self.count, *event)[self.index]
+
+
+_CURRENT: contextvars.ContextVar[Draw | None] = contextvars.ContextVar(
+    "pyro_bbb_current_draw", default=None
 )
-_TOKENS = "_sample_dims_tokens"
 
 
-def current_sample_dims() -> int:
-    """Leading sample dims of the activations so far in this forward (0 outside one)."""
-    return _SAMPLE_DIMS.get() or 0
+def current_draw() -> Draw | None:
+    """The draw of the per-draw pass under way, or ``None`` outside one."""
+    return _CURRENT.get()
 
 
-def note_sample_dims(ndims: int) -> None:
-    """Record that a layer's output carries ``ndims`` leading sample dims.
-
-    Outside the forward of a network from ``bayesianize`` (a layer called on its own) nothing
-    is recorded.
-    """
-    current = _SAMPLE_DIMS.get()
-    if current is not None and ndims > current:
-        _SAMPLE_DIMS.set(ndims)
-
-
-def _enter(module: nn.Module, args: Any) -> None:
-    # A network called inside another one's forward keeps the outer count: its input may
-    # carry the outer draws' sample dims.
-    start = _SAMPLE_DIMS.get()
-    module.__dict__.setdefault(_TOKENS, []).append(_SAMPLE_DIMS.set(start or 0))
-
-
-def _leave(module: nn.Module, args: Any, output: Any) -> None:
-    tokens = module.__dict__.get(_TOKENS)
-    if tokens:
-        _SAMPLE_DIMS.reset(tokens.pop())
-
-
-def track_sample_dims(root: nn.Module) -> None:
-    """Count the sample dims of activations during each forward of ``root`` (hooks on it)."""
-    root.register_forward_pre_hook(_enter)
-    root.register_forward_hook(_leave, always_call=True)
-
-
-def _shifted(dim: int) -> int:
-    return dim + current_sample_dims() if dim >= 0 else dim
-
-
-class SampleDimsFlatten(nn.Flatten):
-    """``nn.Flatten`` for inputs ``(*sample, batch, ...)``.
-
-    Non-negative dims skip the sample dims, so ``nn.Flatten()`` flattens each draw's
-    features, not the batch.
-    """
-
-    def forward(self, input: torch.Tensor) -> torch.Tensor:  # noqa: D102
-        return input.flatten(_shifted(self.start_dim), _shifted(self.end_dim))
-
-
-class SampleDimsUnflatten(nn.Unflatten):
-    """``nn.Unflatten`` for inputs ``(*sample, batch, ...)``: a non-negative ``dim`` skips them."""
-
-    def forward(self, input: torch.Tensor) -> torch.Tensor:  # noqa: D102
-        return input.unflatten(_shifted(self.dim), self.unflattened_size)
-
-
-#: The reshapes and their versions that skip sample dims (module-level classes: they pickle).
-SAMPLE_AWARE: dict[type[nn.Module], type[nn.Module]] = {
-    nn.Flatten: SampleDimsFlatten,
-    nn.Unflatten: SampleDimsUnflatten,
-}
+@contextmanager
+def running_draw(draw: Draw) -> Iterator[None]:
+    """Make ``draw`` the current one for the duration of the block."""
+    token = _CURRENT.set(draw)
+    try:
+        yield
+    finally:
+        _CURRENT.reset(token)

@@ -11,7 +11,11 @@ mapping of patterns):
   Pyro's ``AutoNormal``): independent Normals with the guide's means and standard deviations;
 * a :class:`BlockPosterior` per site from a :class:`~pyro_bbb.LowRankGuide`: the sites of each
   of its blocks share one :class:`~pyro_bbb.priors.gaussian_block.GaussianBlock`, drawn site by site
-  from exact conditionals.
+  from exact conditionals;
+* the same from a guide whose blocks are Gaussians in precision form
+  (:class:`~pyro_bbb.priors.precision_normal.LowRankPrecisionNormal`, e.g. the belief of an
+  online filter, :class:`~pyro_bbb.online.LowRankPrecisionGuide`): the sites share one
+  :class:`~pyro_bbb.priors.precision_block.PrecisionBlock`.
 
 The tensors are copied and detached: training another guide leaves the prior as it was. This
 module reads guides by what they expose (``posterior()``, ``block_sites``, AutoNormal's
@@ -26,8 +30,11 @@ from operator import attrgetter
 import pyro.distributions as dist
 import torch
 
+from .._pyro_compat import pyro_name
 from .._support import base_support, is_real_valued
 from .gaussian_block import GaussianBlock, SiteConditional
+from .precision_block import PrecisionBlock
+from .precision_normal import LowRankPrecisionNormal
 
 __all__ = ["BlockPosterior", "NormalPosterior", "PosteriorPrior", "from_guide"]
 
@@ -90,16 +97,17 @@ class BlockPosterior:
 
     Not ``cacheable``: the distribution depends on those values. A Bayesian layer passes them
     as ``drawn`` (the sites named in :attr:`joint_sites` that this run of the model has drawn
-    already); see :class:`~pyro_bbb.priors.gaussian_block.GaussianBlock` for the algebra.
+    already); see :class:`~pyro_bbb.priors.gaussian_block.GaussianBlock` (covariance form) and
+    :class:`~pyro_bbb.priors.precision_block.PrecisionBlock` (precision form) for the algebra.
 
     Args:
         site: The site's name.
-        block: The block it belongs to.
+        block: The block it belongs to: a ``GaussianBlock`` or a ``PrecisionBlock``.
     """
 
     cacheable = False
 
-    def __init__(self, site: str, block: GaussianBlock) -> None:
+    def __init__(self, site: str, block: GaussianBlock | PrecisionBlock) -> None:
         if site not in block.sites:
             raise ValueError(f"site {site!r} is not in {block!r}")
         self.site, self.block = site, block
@@ -122,7 +130,7 @@ class BlockPosterior:
         device: torch.device,
         dtype: torch.dtype,
         drawn: Mapping[str, torch.Tensor] | None = None,
-    ) -> SiteConditional:
+    ) -> SiteConditional | dist.TorchDistribution:
         """The site's conditional given the values in ``drawn``, one event of its shape.
 
         Raises:
@@ -186,8 +194,11 @@ def from_guide(guide: object) -> PosteriorPrior:
 
     Args:
         guide: A trained :class:`~pyro_bbb.MeanFieldGuide` or :class:`~pyro_bbb.LowRankGuide`,
-            Pyro's ``AutoNormal``, or any guide whose ``posterior()`` returns
-            ``{site: Normal(loc, scale).to_event(k)}``.
+            Pyro's ``AutoNormal``, a guide whose ``posterior()`` returns
+            ``{site: Normal(loc, scale).to_event(k)}``, or one with ``block_sites`` whose
+            ``posterior()`` returns a ``LowRankMultivariateNormal`` or a
+            :class:`~pyro_bbb.priors.precision_normal.LowRankPrecisionNormal` per block (the
+            online filters' :class:`~pyro_bbb.online.LowRankPrecisionGuide`).
 
     Returns:
         A :class:`PosteriorPrior`: :class:`NormalPosterior` per site for mean-field guides,
@@ -225,7 +236,8 @@ def _model_prefix(guide) -> str:
     Priors are given to a network by the names of its own sites (``"0.weight"``); a model's
     name goes in front of them only when it runs, so a carried prior leaves it out.
     """
-    name = getattr(getattr(guide, "model", None), "_pyro_name", "")
+    model = getattr(guide, "model", None)
+    name = pyro_name(model) if isinstance(model, torch.nn.Module) else ""
     return f"{name}." if isinstance(name, str) and name else ""
 
 
@@ -263,9 +275,12 @@ def _from_blocks(
 ) -> dict[str, object]:
     priors: dict[str, object] = {}
     for name, layout_sites in layout.items():
-        fn = posterior[name]  # a LowRankMultivariateNormal (the rank is at least 1)
+        fn = posterior[name]  # a LowRankMultivariateNormal, or one in precision form
         sites = {_relative(site, prefix): shape for site, shape in layout_sites.items()}
-        block = GaussianBlock(fn.loc, fn.cov_factor, fn.cov_diag, sites)
+        if isinstance(fn, LowRankPrecisionNormal):
+            block = PrecisionBlock(fn.loc, fn.precision_factor, fn.precision_diag, sites)
+        else:
+            block = GaussianBlock(fn.loc, fn.cov_factor, fn.cov_diag, sites)
         priors.update({site: BlockPosterior(site, block) for site in sites})
     return priors
 

@@ -2,7 +2,10 @@
 
 * :mod:`~pyro_bbb.training.loop`: :func:`fit`, a short loop over the parts below;
 * :mod:`~pyro_bbb.training.steps`: the optimiser steps of an epoch (``SVI``'s ``step``
-  written out) and the report of a non-finite loss; :mod:`~pyro_bbb.training.optimizers`:
+  written out); :mod:`~pyro_bbb.training.records`: their record on the device, read once an
+  epoch, and the report of a non-finite loss; :mod:`~pyro_bbb.training.captured`: the fused
+  step on static buffers, captured as one CUDA graph on a GPU;
+  :mod:`~pyro_bbb.training.optimizers`:
   the optimiser; :mod:`~pyro_bbb.training.lr_schedules`: its learning-rate schedule
   (:class:`InverseTimeDecay`, fit's default, and :class:`CosineDecay`);
   :mod:`~pyro_bbb.training.particles`: fit's default number of weight samples a step;

@@ -33,11 +33,13 @@ import pyro.poutine as poutine
 import torch
 from pyro.poutine.util import site_is_subsample
 
+from .._pyro_compat import site_name
 from .._validation import check_choice, check_int
 from ..infer.guides import MeanFieldGuide
 from ..infer.predictive import ClassificationPrediction, RegressionPrediction, predict
 from ..model import BNN
 from ..nn import BayesianLayer, MultiHead
+from ..nn.draws import kept_buffers
 from ..priors import PosteriorPrior, from_guide
 from .coresets import CoresetMethod, select_coreset
 from .history import History
@@ -158,7 +160,7 @@ class VCL:
             coreset = (x[chosen], y[chosen], head)
             x, y = x[rest], y[rest]
         model = self._model(head, len(x), carried=self.propagate)
-        guide = self._guide(x, f"task{self.num_tasks}")
+        guide = self._guide(x[: options.get("batch_size") or len(x)], f"task{self.num_tasks}")
         history = fit(model, guide, x, y, **options)
         if coreset is not None:
             self.coresets.append(coreset)
@@ -229,14 +231,17 @@ class VCL:
         return self.model
 
     def _guide(self, x: torch.Tensor, label: str):
-        """A fresh guide named ``<name>.<label>``, its means at the chain's means."""
+        """A fresh guide named ``<name>.<label>``, its means at the chain's means.
+
+        ``x`` is a minibatch the model is traced on (BatchNorm needs more than one row).
+        """
         name = f"{self.name}.{label}"
         store = pyro.get_param_store()
         for key in [k for k in store if k.startswith(f"{name}.")]:
             del store[key]
         means = {} if self.posterior is None else self.posterior.means()
-        with torch.no_grad(), torch.random.fork_rng(), poutine.block():
-            trace = poutine.trace(self.model).get_trace(x[:1].to(self.model.device))
+        with torch.no_grad(), torch.random.fork_rng(), poutine.block(), kept_buffers(self.model):
+            trace = poutine.trace(self.model).get_trace(x.to(self.model.device))
         observed = self.model.observation_site
         active = {n for n, _ in trace.iter_stochastic_nodes() if n != observed}
         init = {site: mean for site, mean in means.items() if site in active}
@@ -263,6 +268,6 @@ def _bayesian_sites(net: torch.nn.Module) -> dict[str, tuple[BayesianLayer, str]
     for module in net.modules():
         if isinstance(module, BayesianLayer):
             for param in module.bayesian_parameters:
-                name = f"{module._pyro_name}.{param}" if module._pyro_name else param
+                name = site_name(module, param)
                 sites[name] = (module, param)
     return sites

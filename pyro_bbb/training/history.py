@@ -40,6 +40,9 @@ class History:
         num_data: Number of training points ``N``.
         num_particles: Weight samples per step (what ``fit``'s ``num_particles=None``
             resolved to, or the number passed).
+        draws: How several weight draws reach the network: broadcast through its layers,
+            or around it once per draw, vectorised by ``torch.func.vmap`` or one after
+            another (see :mod:`pyro_bbb.nn.draws`); decided at the fit's set-up.
         convergence: The convergence check of the fit's end
             (:class:`~pyro_bbb.training.convergence.Convergence`: ``converged``, the epochs
             read, the trends and a message), or ``None`` before ``fit`` has checked.
@@ -47,6 +50,7 @@ class History:
 
     num_data: int
     num_particles: int = 1
+    draws: str = ""
     loss: list[float] = field(default_factory=list)
     loss_per_datum: list[float] = field(default_factory=list)
     nll: list[float] = field(default_factory=list)

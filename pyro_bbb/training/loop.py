@@ -27,14 +27,17 @@ import torch
 from torch.utils.data import DataLoader
 
 from .._devices import cuda_devices, device_of
+from .._heap import kept_heap
 from .._validation import check_int, check_positive_number
 from ..infer.collapse import FRACTION_THRESHOLD as COLLAPSE_FRACTION
 from ..infer.collapse import CollapseMonitor, diagnose_collapse, warn_if_collapsed
 from ..infer.elbo import AnnealedELBO, ELBOTerms
 from ..infer.fused import FusedELBO, fused_elbo
-from ..infer.reparam import estimator, warn_mixed_estimators
+from ..infer.reparam import estimator, warn_slower_paths
 from ..infer.schedules import ScheduleLike
+from ..nn.draws import describe_draws, settle_draws
 from .callbacks import Callback
+from .captured import static_steps
 from .checkpoint import Checkpointing, FitState, fit_options
 from .convergence import warn_if_not_converged
 from .distributed import DataParallel, data_parallel
@@ -72,6 +75,7 @@ def fit(
     checkpoint_every: int | None = None,
     resume: str | os.PathLike | None = None,
     max_steps: int | None = None,
+    cuda_graph: bool | None = None,
 ) -> History:
     r"""Train a guide (and the model's point-estimated parameters) by maximising the ELBO.
 
@@ -96,7 +100,18 @@ def fit(
     before training; the steps then do only the arithmetic. For a :class:`~pyro_bbb.BNN`
     under :class:`~pyro_bbb.MeanFieldGuide` or :class:`~pyro_bbb.LowRankGuide` a step
     evaluates the same ELBO, with the same random draws, without tracing the two programs
-    (:mod:`~pyro_bbb.infer.fused`); every other model, guide or handler is traced.
+    (:mod:`~pyro_bbb.infer.fused`); every other model, guide or handler is traced. Nothing
+    is read back from the device until an epoch's end (its losses, once); on CUDA the fused
+    step is captured as one CUDA graph and replayed (``cuda_graph``).
+
+    **Memory on the CPU.** While its epochs run on the CPU, ``fit`` has glibc's malloc keep
+    the memory a step frees for the next step instead of returning it to the OS and taking a
+    page fault per 4 KiB to map it again (on large full batches, more time than the step's
+    arithmetic); on return the settings are put back and the free memory handed back. The
+    settings are the process's. Results are unchanged; the heap holds what the largest step
+    held. Set the environment variable ``PYRO_BBB_KEEP_HEAP=0`` to turn it off; it does
+    nothing on other C libraries or when glibc's malloc is configured through the
+    environment (``docs/performance.md`` has the details and figures).
 
     **How long.** ``epochs=None`` (the default) trains until the fit has converged
     (:mod:`~pyro_bbb.training.auto_epochs`): β = 0 until the β = 1 loss stops falling, a
@@ -190,6 +205,16 @@ def fit(
             guide need not be set up. ``batch_size``, ``shuffle``, ``num_particles`` and
             ``reparam`` must be the interrupted fit's, and ``epochs`` ``None`` again for an
             automatic run.
+        cuda_graph: Run the fused step as one captured CUDA graph, replayed every step (the
+            batch copied into static buffers, β and the learning rate device tensors
+            written in place; the smaller last minibatch of an epoch runs eagerly).
+            ``None`` (the default) does so on CUDA whenever the step is fused, the
+            optimiser is the default (fused) Adam, no callback overrides
+            ``on_after_backward`` and the fit runs on one process; ``False`` never;
+            ``True`` asks for it and raises when it cannot (on the CPU it runs the same
+            step on static buffers, uncaptured: slower, there to be checked). The first
+            three steps run eagerly while the graph is set up
+            (:mod:`~pyro_bbb.training.captured`).
         max_steps: The cap of an automatic run (``epochs=None``), in optimiser steps;
             ``None`` for 50,000. A stage the cap ends before its test passed is reported.
 
@@ -214,10 +239,13 @@ def fit(
             ``resume`` file that is not a checkpoint, is from another model, was written with
             another ``batch_size``, ``shuffle``, ``num_particles`` or ``reparam`` (the error
             names both values), by a fixed run resumed with ``epochs=None`` or the other way
-            round, or has done more than ``epochs`` epochs.
+            round, or has done more than ``epochs`` epochs; ``cuda_graph=True`` on a fit
+            whose step cannot be captured (the message says why).
         FileNotFoundError: If ``resume`` names no file.
-        FloatingPointError: When the loss becomes NaN or inf, naming the epoch, step and
-            the sites whose terms are not finite.
+        TypeError: If ``cuda_graph`` is not a bool or ``None``.
+        FloatingPointError: When the loss becomes NaN or inf, at the end of that epoch (the
+            losses are read once an epoch), naming the epoch, the first step whose loss
+            was not finite and the sites whose terms were not finite there.
     """
     # the run: its options, processes, checkpoints, device, seed and data
     check_int("epochs", epochs, optional=True)
@@ -226,7 +254,6 @@ def fit(
     check_positive_number("lr", lr)
     check_automatic(epochs, max_steps, beta, lr_schedule)
     handler = estimator(reparam)
-    warn_mixed_estimators(model, reparam)
     parallel = data_parallel()  # a world of one unless torch.distributed is initialised
     options = fit_options(
         x, batch_size=batch_size, shuffle=shuffle, num_particles=num_particles, reparam=reparam,
@@ -251,11 +278,12 @@ def fit(
     if num_particles is None:  # known once the guide is set up: what it draws
         draws, rows = draw_size(guide, *first), len(first[0])
         elbo.set_num_particles(default_num_particles(draws, rows))  # its set-up is kept
+    draws = _settle_draws(model, guide, elbo, reparam, first)
     fused = _fused(model, guide, elbo, reparam, first_terms, params)
     optim = make_optimizer(optimizer, params, lr)
     rates = LRSchedule(lr_schedule, optim)
     parallel.broadcast_(params)  # every process starts from rank 0's parameters
-    history = History(num_data=batches.num_data, num_particles=elbo.num_particles)
+    history = History(num_data=batches.num_data, num_particles=elbo.num_particles, draws=draws)
     state = FitState(model, guide, named, params, optim, history, batches.seed, first, rates)
     _resume_or_seed(state, saving, parallel, seed)
     length.restore(history)
@@ -268,19 +296,23 @@ def fit(
     show = (sys.stderr.isatty() if progress is None else progress) and parallel.is_main
     bar = _Progress(length.total, show, initial=len(history))
     done = history.steps[-1] if history.steps else 0
+    runner = static_steps(
+        cuda_graph, fused, optim, rates, params, callbacks, parallel, data_device
+    )  # after the resume: the optimiser's rates become tensors there
     steps = Steps(
         model, guide, elbo, handler, optim, params, parallel, callbacks, rates,
-        step=done, fused=fused,
+        step=done, fused=fused, runner=runner,
     )  # fmt: skip
-    for epoch in length.run(len(history)):
-        record = steps.epoch(batches, epoch, schedule)
-        _append(history, record, collapsed=monitor.fraction(), stage=length.stage(epoch))
-        length.after_epoch(history, optim)
-        bar.update(record, elbo.beta, length)
-        stop = any(callback.on_epoch_end(epoch, history) for callback in callbacks)
-        saving.after_epoch(state, parallel, final=stop or length.finished)
-        if stop:
-            break
+    with kept_heap(data_device.type == "cpu"):  # a step reuses what the last one freed
+        for epoch in length.run(len(history)):
+            record = steps.epoch(batches, epoch, schedule)
+            _append(history, record, collapsed=monitor.fraction(), stage=length.stage(epoch))
+            length.after_epoch(history, optim)
+            bar.update(record, elbo.beta, length)
+            stop = any(callback.on_epoch_end(epoch, history) for callback in callbacks)
+            saving.after_epoch(state, parallel, final=stop or length.finished)
+            if stop:
+                break
     bar.close()
     history.convergence = length.convergence(history)
     if parallel.is_main:
@@ -344,6 +376,30 @@ def _parameters(
     if not params:
         raise ValueError("the model and guide have no trainable parameters")
     return named, params, terms
+
+
+def _settle_draws(
+    model: Callable[..., Any],
+    guide: Callable[..., Any],
+    elbo: AnnealedELBO,
+    reparam: str | None,
+    batch: tuple[torch.Tensor, ...],
+) -> str:
+    """Decide how the network meets the steps' weight draws; warn once of slower paths.
+
+    Returns:
+        How weight draws reach the network (:func:`~pyro_bbb.nn.draws.describe_draws`), or
+        ``""`` for a model without a Bayesian network.
+    """
+    several = elbo.num_particles > 1 or getattr(guide, "num_members", 1) > 1
+    net = getattr(model, "net", None)
+    described = ""
+    if isinstance(net, torch.nn.Module):
+        nesting = getattr(model, "max_plate_nesting", 1)
+        settle_draws(net, batch[0], plate_dim=-(nesting + 1))
+        described = describe_draws(net)
+    warn_slower_paths(model, reparam, several_draws=several, stacklevel=3)
+    return described
 
 
 def _fused(

@@ -153,9 +153,11 @@ class LRSchedule:
     def __init__(self, spec: LRScheduleLike, optimizer: torch.optim.Optimizer) -> None:
         self.optimizer = optimizer
         for group in optimizer.param_groups:
-            group.setdefault("initial_lr", group["lr"])
+            rate = group["lr"]  # a number; a tensor is written in place, so not kept as it
+            group.setdefault("initial_lr", float(rate) if isinstance(rate, torch.Tensor) else rate)
         self.scheduler: LRScheduler | None = None
         self.factor: Callable[[float], float] | None = None
+        self._lr = float(optimizer.param_groups[0]["lr"])  # the rate, while it is a tensor
         if _is_scheduler_class(spec):
             self.scheduler = spec(optimizer)
         elif isinstance(spec, (int, float)) and not isinstance(spec, bool):
@@ -192,21 +194,67 @@ class LRSchedule:
             return
         factor = self.factor(epoch)
         for group in self.optimizer.param_groups:
-            group["lr"] = group["initial_lr"] * factor
+            rate = group["initial_lr"] * factor
+            if isinstance(group["lr"], torch.Tensor):
+                group["lr"].fill_(rate)  # in place: a captured step reads it there
+            else:
+                group["lr"] = rate
+        self._lr = self.optimizer.param_groups[0]["initial_lr"] * factor
 
     def after_epoch(self) -> None:
         """Step a torch scheduler at the end of an epoch."""
         if self.scheduler is not None:
             self.scheduler.step()
+            self._lr = float(self.optimizer.param_groups[0]["lr"])  # one read an epoch
 
     @property
     def lr(self) -> float:
-        """The current learning rate of the first parameter group."""
-        return float(self.optimizer.param_groups[0]["lr"])
+        """The current learning rate of the first parameter group (read from the host)."""
+        rate = self.optimizer.param_groups[0]["lr"]
+        return self._lr if isinstance(rate, torch.Tensor) else float(rate)
+
+    def hold_in_tensors(self) -> None:
+        """Keep every group's rate in a tensor on its parameters' device, set in place.
+
+        What a step captured as a CUDA graph needs: the rate is read on the device when the
+        graph is replayed, so the schedule moves it by writing into the tensor (a torch
+        scheduler does too). On CUDA the tensor is float32 (what the fused Adam kernel
+        reads) and the group is marked ``capturable``; on the CPU it is float64, the rate
+        exactly. The optimiser's ``state_dict`` keeps giving the rates as numbers, so a
+        checkpoint resumes with any optimiser set-up.
+        """
+        groups = self.optimizer.param_groups
+        if all(isinstance(group["lr"], torch.Tensor) for group in groups):
+            return
+        capturable = [group.get("capturable") for group in groups]
+        for group in groups:
+            device = group["params"][0].device
+            dtype = torch.float32 if device.type == "cuda" else torch.float64
+            group["lr"] = torch.tensor(float(group["lr"]), dtype=dtype, device=device)
+            if device.type == "cuda" and "capturable" in group:
+                group["capturable"] = True
+        self._lr = float(groups[0]["lr"])
+
+        def as_numbers(optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> dict[str, Any]:
+            for group, flag in zip(state["param_groups"], capturable, strict=True):
+                group["lr"] = float(group["lr"])
+                if flag is not None:
+                    group["capturable"] = flag
+            return state
+
+        self.optimizer.register_state_dict_post_hook(as_numbers)
 
     def state_dict(self) -> dict[str, Any]:
-        """A torch scheduler's state (a callable schedule has none: the epoch decides)."""
-        return {} if self.scheduler is None else self.scheduler.state_dict()
+        """A torch scheduler's state (a callable schedule has none: the epoch decides).
+
+        Rates held in tensors (:meth:`hold_in_tensors`) are written as numbers.
+        """
+        if self.scheduler is None:
+            return {}
+        state = self.scheduler.state_dict()
+        if "_last_lr" in state:
+            state["_last_lr"] = [float(rate) for rate in state["_last_lr"]]
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what :meth:`state_dict` gave."""

@@ -29,6 +29,7 @@ from .._validation import (
     check_has_values,
     check_same_rows,
 )
+from ..nn.draws import kept_buffers
 
 __all__ = ["Batches", "check_likelihood_scale", "epoch_order", "make_batches"]
 
@@ -178,15 +179,15 @@ def make_batches(
     check_has_values("x", x)
     check_has_values("y", y)
     x, y = x.to(device), y.to(device)
-    _check_data(model, x, y)
     n = x.shape[0]
+    shard = math.ceil(n / world_size)
+    size = shard if batch_size is None else min(batch_size, shard)
+    _check_data(model, x, y, rows=size)
     if num_data is not None and n != num_data:
         raise ValueError(
             f"x has {n} rows but model.num_data={num_data}; num_data must be the training-set "
             "size for the KL to be weighted correctly"
         )
-    shard = math.ceil(n / world_size)
-    size = shard if batch_size is None else min(batch_size, shard)
     num_steps = math.ceil(shard / size)
     # One process that visits every row in one step needs no order: the sum is the same.
     ordered = world_size > 1 or (shuffle and size < n)
@@ -215,10 +216,14 @@ def make_batches(
     return Batches(tensor_batches, num_steps, num_data or n, seed, rows)
 
 
-def _check_data(model, x: torch.Tensor, y: torch.Tensor, widths: dict | None = None) -> None:
+def _check_data(
+    model, x: torch.Tensor, y: torch.Tensor, widths: dict | None = None, rows: int | None = None
+) -> None:
     """Validate data by reading its values (dtype, NaN/inf, shapes, labels).
 
-    ``widths`` caches the network's output width across the batches of a loader, so the
+    The network runs once, on a minibatch's worth of rows (``rows``, all of ``x`` by
+    default; BatchNorm needs more than one), to learn its output width; its buffers are
+    left as they were. ``widths`` caches that width across the batches of a loader, so the
     network runs once per fit for this check, not once per batch.
     """
     tokens = getattr(model, "accepts_token_ids", False)
@@ -231,8 +236,8 @@ def _check_data(model, x: torch.Tensor, y: torch.Tensor, widths: dict | None = N
     if likelihood is not None and net is not None:
         widths = {} if widths is None else widths
         if "out" not in widths:
-            with torch.no_grad(), poutine.block():
-                widths["out"] = net(x[:1]).shape[-1]
+            with torch.no_grad(), poutine.block(), kept_buffers(net):
+                widths["out"] = net(x if rows is None else x[:rows]).shape[-1]
         likelihood.check_target(y, widths["out"])
 
 

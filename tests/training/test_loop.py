@@ -12,7 +12,17 @@ import torch
 from pyro.nn import PyroModule
 from torch.utils.data import DataLoader, TensorDataset
 
-from pyro_bbb import BNN, Callback, History, MeanFieldGuide, fit, likelihoods, mlp, predict
+from pyro_bbb import (
+    BNN,
+    Callback,
+    History,
+    MeanFieldGuide,
+    bayesianize,
+    fit,
+    likelihoods,
+    mlp,
+    predict,
+)
 from pyro_bbb.infer import LinearWarmup
 from pyro_bbb.priors import ScaleMixture
 
@@ -377,6 +387,53 @@ def test_fit_moves_data_to_the_models_device():
     assert len(history) == 1
 
 
+# --- the heap -----------------------------------------------------------------------------
+
+
+def test_keeping_the_heap_changes_nothing_in_the_fit(monkeypatch):
+    """fit on the CPU holds glibc's settings (pyro_bbb._heap): the same fit, bit for bit."""
+    x, y = _data()
+    fits = {}
+    for keep in ("0", "1"):
+        monkeypatch.setenv("PYRO_BBB_KEEP_HEAP", keep)
+        pyro.clear_param_store()
+        pyro.set_rng_seed(0)
+        model, guide = _setup()
+        history = fit(model, guide, x, y, epochs=4, batch_size=6, seed=1, progress=False)
+        params = {k: v.detach().clone() for k, v in pyro.get_param_store().items()}
+        fits[keep] = (history.loss, history.kl, params)
+    assert fits["0"][:2] == fits["1"][:2]
+    for name, value in fits["0"][2].items():
+        assert torch.equal(value, fits["1"][2][name]), name
+
+
+def test_fit_keeps_the_heap_while_its_epochs_run_on_the_cpu(monkeypatch):
+    from pyro_bbb import _heap
+
+    monkeypatch.delenv("PYRO_BBB_KEEP_HEAP", raising=False)
+    held = []
+
+    class Holding(Callback):
+        def on_epoch_end(self, epoch, history):
+            held.append(_heap._depth)
+
+    x, y = _data()
+    model, guide = _setup()
+    fit(model, guide, x, y, epochs=2, callbacks=[Holding()], progress=False)
+    expected = 1 if _heap._glibc() is not None and _heap._wanted() else 0
+    assert held == [expected, expected] and _heap._depth == 0
+
+
+def test_a_warning_of_fit_points_at_the_line_that_called_it():
+    """The heap is held inside fit's body, not by a wrapper that would add a frame."""
+    net = torch.nn.Sequential(torch.nn.Linear(1, 3), torch.nn.LayerNorm(3), torch.nn.Linear(3, 1))
+    model = BNN(bayesianize(net), likelihoods.Gaussian(scale=0.5), num_data=N)
+    x, y = _data()
+    with pytest.warns(UserWarning, match="have no affine map") as caught:
+        fit(model, MeanFieldGuide(model), x, y, epochs=1, reparam="local", progress=False)
+    assert {w.filename for w in caught} == {__file__}
+
+
 # --- non-finite losses --------------------------------------------------------------------
 
 
@@ -417,6 +474,23 @@ def test_non_finite_kl_term_is_reported_at_its_weight_site():
 
 
 # --- CUDA ------------------------------------------------------------------------------------
+
+
+@requires_cuda
+@pytest.mark.cuda
+def test_a_fit_on_cuda_leaves_the_hosts_heap_alone():
+    from pyro_bbb import _heap
+
+    held = []
+
+    class Holding(Callback):
+        def on_epoch_end(self, epoch, history):
+            held.append(_heap._depth)
+
+    x, y = _data()
+    model, guide = _setup()
+    fit(model, guide, x, y, epochs=1, device="cuda", callbacks=[Holding()], progress=False)
+    assert held == [0]
 
 
 @requires_cuda

@@ -14,6 +14,7 @@ from torch.optim.lr_scheduler import StepLR
 import pyro_bbb as bbb
 from pyro_bbb.infer import LowRankGuide, MeanFieldGuide
 from pyro_bbb.training import CosineDecay, InverseTimeDecay
+from pyro_bbb.training.lr_schedules import LRSchedule
 
 from ..problems import conjugate_problem, linear_bnn
 from ..support import scaled
@@ -129,3 +130,47 @@ def test_at_fits_defaults_the_conjugate_posteriors_scales_are_within_5_percent(f
         sd = torch.cat([marginals["0.weight"][1].reshape(-1), marginals["0.bias"][1]])
         assert (sd / target - 1).abs().max() < 0.05, (seed, sd / target - 1)
         assert ((loc - mean).abs() / target).max() < 0.15, (seed, (loc - mean) / target)
+
+
+# --- rates held in tensors (the static and captured step) --------------------------------------
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [InverseTimeDecay(4), partial(StepLR, step_size=1, gamma=0.5)],
+    ids=["callable", "torch"],
+)
+def test_rates_held_in_tensors_move_in_place_and_read_as_numbers(spec):
+    params = [torch.zeros(3, requires_grad=True)]
+    as_numbers = LRSchedule(spec, torch.optim.Adam(params, lr=0.02, fused=True))
+    held = LRSchedule(spec, torch.optim.Adam(params, lr=0.02, fused=True))
+    held.hold_in_tensors()
+    rate = held.optimizer.param_groups[0]["lr"]
+    assert isinstance(rate, torch.Tensor) and rate.dtype == torch.float64  # on the CPU: exact
+    for epoch in range(4):
+        for i in range(3):
+            as_numbers.before_step(epoch + i / 3)
+            held.before_step(epoch + i / 3)
+            assert held.lr == as_numbers.lr
+            assert held.optimizer.param_groups[0]["lr"] is rate  # the same tensor, moved
+            assert rate.item() == as_numbers.lr
+        for schedule in (as_numbers, held):
+            schedule.optimizer.step()  # no gradients: nothing moves, but torch expects it
+            schedule.after_epoch()
+    assert held.lr == as_numbers.lr
+    # what a checkpoint holds: the rates as numbers, loadable by an optimiser without tensors
+    group = held.optimizer.state_dict()["param_groups"][0]
+    assert group["lr"] == as_numbers.lr and not isinstance(group["lr"], torch.Tensor)
+    assert all(not isinstance(r, torch.Tensor) for r in held.state_dict().get("_last_lr", []))
+    fresh = torch.optim.Adam(params, lr=1.0, fused=True)
+    fresh.load_state_dict(held.optimizer.state_dict())
+    assert fresh.param_groups[0]["lr"] == as_numbers.lr
+
+
+def test_a_rate_given_as_a_tensor_starts_every_factor_from_its_first_value():
+    params = [torch.zeros(3, requires_grad=True)]
+    optim = torch.optim.Adam(params, lr=torch.tensor(0.1), fused=True)
+    schedule = LRSchedule(lambda epoch: 0.5, optim)
+    for epoch in range(3):
+        schedule.before_step(epoch)
+    assert optim.param_groups[0]["lr"].item() == pytest.approx(0.05)

@@ -1,9 +1,13 @@
-"""What the Gaussian guides of this package share: set-up, marginals, medians and quantiles.
+"""What this package's guides share, and the class tree that says what each one is.
 
-A subclass builds its parameters in :meth:`GaussianGuide._build` from the latent sites and
-their initial means, and says what each site's marginal ``(loc, scale)`` is; this base turns
-that into ``marginals()``, ``median()`` and ``quantiles()`` and keeps the init options and
-naming in one place. It holds no distribution of its own.
+* :class:`SiteGuide`: the base. Its parameters are built at set-up from the model's latent
+  sites and their initial means (:meth:`SiteGuide._build`); it says what each site's
+  marginal ``(loc, scale)`` is, and turns that into ``marginals()`` and ``median()``; it keeps
+  the init options and naming in one place.
+* :class:`SiteWiseGuide`: one distribution per site, drawn site by site
+  (:class:`~pyro_bbb.MeanFieldGuide`, :class:`~pyro_bbb.infer.guides.delta.DeltaGuide`).
+* :class:`GaussianGuide`: Gaussian marginals, so ``quantiles()``
+  (:class:`~pyro_bbb.MeanFieldGuide`, :class:`~pyro_bbb.LowRankGuide`).
 
 **Members.** A guide can hold the ``K`` members of an ensemble
 (:class:`~pyro_bbb.infer.ensemble.Ensemble`) at once: every parameter then carries a leading
@@ -17,18 +21,20 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import pyro
 import pyro.distributions as dist
 import torch
 from pyro.infer.autoguide import AutoGuide
 
+from ..._pyro_compat import set_pyro_name
 from ...nn import fresh_initial_values
 from ._init import InitLoc, global_latent_sites, initial_locs
 
-__all__ = ["GaussianGuide"]
+__all__ = ["GaussianGuide", "SiteGuide", "SiteWiseGuide"]
 
 
-class GaussianGuide(AutoGuide):
-    """Base of :class:`~pyro_bbb.MeanFieldGuide` and :class:`~pyro_bbb.LowRankGuide`.
+class SiteGuide(AutoGuide):
+    """Base of this package's guides: parameters built from the model's latent sites.
 
     Args:
         model: The Pyro model.
@@ -50,7 +56,7 @@ class GaussianGuide(AutoGuide):
         # move with guide.to() nor enter the guide's state_dict.
         object.__setattr__(self, "_init_loc", init_loc)
         if name is not None:
-            self._pyro_name = name
+            set_pyro_name(self, name)
 
     #: ``(K, 1, ..., 1)`` for the members of an ensemble, ``()`` for a single guide.
     member_shape: tuple[int, ...] = ()
@@ -114,6 +120,44 @@ class GaussianGuide(AutoGuide):
         self._require_setup(*args, **kwargs)
         return {site: loc.detach().clone() for site, (loc, _) in self._marginals().items()}
 
+    def _require_setup(self, *args, **kwargs) -> None:
+        if self.prototype_trace is None and args:
+            self._setup_prototype(*args, **kwargs)
+        if self.prototype_trace is None:
+            raise RuntimeError(
+                f"{type(self).__name__} has no parameters yet: call it (or fit) with the "
+                "model's arguments first, or pass them to median()/quantiles()"
+            )
+
+
+class SiteWiseGuide(SiteGuide):
+    """A guide with one distribution per latent site, drawn site by site.
+
+    A subclass builds ``_event_dims`` (``{site: event dims}``) in :meth:`_build` and gives
+    each site's distribution in :meth:`site_distribution`.
+    """
+
+    _event_dims: dict[str, int]
+
+    def site_distribution(self, name: str) -> dist.TorchDistribution:
+        """The guide's distribution of one site, one event of the site's shape."""
+        raise NotImplementedError
+
+    def forward(self, *args, **kwargs) -> dict[str, torch.Tensor]:
+        """Draw every latent site; takes the model's arguments.
+
+        Returns:
+            ``{site name: sample}``; under a particle plate each sample has leading sample
+            dims ``(num_particles, 1, *shape)``.
+        """
+        if self.prototype_trace is None:
+            self._setup_prototype(*args, **kwargs)
+        return {name: pyro.sample(name, self.site_distribution(name)) for name in self._event_dims}
+
+
+class GaussianGuide(SiteGuide):
+    """A guide whose every site has a Gaussian marginal, so its quantiles are Normal ones."""
+
     @torch.no_grad()
     def quantiles(
         self, quantiles: Sequence[float] | torch.Tensor, *args, **kwargs
@@ -131,17 +175,18 @@ class GaussianGuide(AutoGuide):
         self._require_setup(*args, **kwargs)
         result = {}
         for site, (loc, scale) in self._marginals().items():
-            q = torch.as_tensor(quantiles, dtype=loc.dtype, device=loc.device)
-            if ((q <= 0) | (q >= 1)).any():
-                raise ValueError(f"quantiles must lie in (0, 1), got {q.tolist()}")
+            q = quantile_levels(quantiles, loc)
             result[site] = dist.Normal(loc, scale).icdf(q.reshape(-1, *([1] * loc.dim())))
         return result
 
-    def _require_setup(self, *args, **kwargs) -> None:
-        if self.prototype_trace is None and args:
-            self._setup_prototype(*args, **kwargs)
-        if self.prototype_trace is None:
-            raise RuntimeError(
-                f"{type(self).__name__} has no parameters yet: call it (or fit) with the "
-                "model's arguments first, or pass them to median()/quantiles()"
-            )
+
+def quantile_levels(quantiles: Sequence[float] | torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """The levels as a tensor of ``like``'s dtype and device, checked to lie in ``(0, 1)``.
+
+    Raises:
+        ValueError: On a level outside ``(0, 1)``.
+    """
+    q = torch.as_tensor(quantiles, dtype=like.dtype, device=like.device)
+    if ((q <= 0) | (q >= 1)).any():
+        raise ValueError(f"quantiles must lie in (0, 1), got {q.tolist()}")
+    return q

@@ -1,11 +1,13 @@
 r"""Where a guide's initial means and scales come from; shared by every guide in this package.
 
 Every guide scale is :math:`\sigma = \mathrm{softplus}(\rho) + \sigma_{\min}`
-(:func:`scale_from_rho`), with :math:`\rho` started from a chosen :math:`\sigma`
-(:func:`check_init_scale`). A guide's means start from one of three sources: the network's
-own initialisation (the values :func:`~pyro_bbb.bayesianize` kept), a pretrained
-``nn.Module`` with the same parameter names, or a ``{site name: tensor}`` mapping. This
-module resolves that choice into one tensor per latent site; it holds no guide.
+(:func:`scale_from_rho`), with :math:`\rho` started from an :class:`InitScale`: one
+:math:`\sigma` for every weight (:class:`ConstantScale`), or one per weight from its initial
+mean (:class:`~pyro_bbb.infer.guides.moped.MOPED`). A guide's means start from one of three
+sources: the network's own initialisation (the values :func:`~pyro_bbb.bayesianize` kept),
+a pretrained ``nn.Module`` with the same parameter names, or a ``{site name: tensor}``
+mapping. This module resolves that choice into one tensor per latent site; it holds no
+guide.
 """
 
 from __future__ import annotations
@@ -22,10 +24,13 @@ from ...nn import initial_values
 from ..sites import base_support, is_real_valued
 
 __all__ = [
+    "ConstantScale",
     "InitLoc",
-    "check_init_scale",
+    "InitScale",
+    "as_init_scale",
     "global_latent_sites",
     "initial_locs",
+    "inverse_softplus",
     "scale_from_rho",
 ]
 
@@ -140,11 +145,74 @@ def scale_from_rho(rho: torch.Tensor, min_scale: float) -> torch.Tensor:
     return F.softplus(rho).add_(min_scale)
 
 
-def check_init_scale(init_scale: float, min_scale: float) -> float:
-    """Check an initial standard deviation and return ρ with ``softplus(ρ) + min = init``."""
-    if not (isinstance(init_scale, (int, float)) and math.isfinite(init_scale)):
-        raise ValueError(f"init_scale must be a positive number, got {init_scale!r}")
-    if init_scale <= min_scale:
-        raise ValueError(f"init_scale must exceed min_scale={min_scale:g}, got {init_scale!r}")
-    excess = init_scale - min_scale
-    return excess + math.log(-math.expm1(-excess))  # inverse softplus, stable for small σ
+def inverse_softplus(x: float | torch.Tensor) -> float | torch.Tensor:
+    r""":math:`\rho` with :math:`\mathrm{softplus}(\rho) = x`, stable for small :math:`x > 0`.
+
+    A number is computed in double precision (the value every weight then starts from), a
+    tensor in its own dtype.
+    """
+    if isinstance(x, torch.Tensor):
+        return x + torch.log(-torch.expm1(-x))
+    return x + math.log(-math.expm1(-x))
+
+
+class InitScale:
+    r"""Where a guide's initial standard deviations come from.
+
+    A guide asks for :math:`\rho` with :math:`\mathrm{softplus}(\rho) + \sigma_{\min} =
+    f\sigma` for every weight, :math:`f` the part of :math:`\sigma` its diagonal carries
+    (1 for a mean-field guide; a low-rank guide puts the rest in its factor).
+    """
+
+    def scales(self, loc: torch.Tensor) -> torch.Tensor:
+        r"""The initial :math:`\sigma` of every weight, ``loc``'s shape."""
+        raise NotImplementedError
+
+    def check(self, min_scale: float, fraction: float = 1.0) -> None:
+        r"""Raise ``ValueError`` if some weight's :math:`f\sigma` could reach ``min_scale``."""
+        raise NotImplementedError
+
+    def rho(self, loc: torch.Tensor, min_scale: float, fraction: float = 1.0) -> torch.Tensor:
+        r""":math:`\rho` of every weight, ``loc``'s shape (see the class's notes)."""
+        return inverse_softplus(fraction * self.scales(loc) - min_scale)
+
+
+class ConstantScale(InitScale):
+    r"""The same initial :math:`\sigma` for every weight.
+
+    Args:
+        value: :math:`\sigma`, a positive number (weight units).
+
+    Raises:
+        ValueError: If ``value`` is not a positive finite number.
+    """
+
+    def __init__(self, value: float) -> None:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"init_scale must be a positive number, got {value!r}")
+        if not (math.isfinite(value) and value > 0):
+            raise ValueError(f"init_scale must be a positive number, got {value!r}")
+        self.value = float(value)
+
+    def scales(self, loc: torch.Tensor) -> torch.Tensor:
+        return torch.full_like(loc, self.value)
+
+    def check(self, min_scale: float, fraction: float = 1.0) -> None:
+        if fraction * self.value <= min_scale:
+            raise ValueError(
+                f"init_scale must exceed min_scale={min_scale:g}"
+                + (f" / {fraction:.3g}" if fraction != 1.0 else "")
+                + f", got {self.value!r}"
+            )
+
+    def rho(self, loc: torch.Tensor, min_scale: float, fraction: float = 1.0) -> torch.Tensor:
+        r""":math:`\rho` of every weight, one number computed in double precision."""
+        return torch.full_like(loc, inverse_softplus(fraction * self.value - min_scale))
+
+    def __repr__(self) -> str:
+        return f"ConstantScale({self.value:g})"
+
+
+def as_init_scale(init_scale: float | InitScale) -> InitScale:
+    """An :class:`InitScale` from a guide's ``init_scale`` argument (a number or one)."""
+    return init_scale if isinstance(init_scale, InitScale) else ConstantScale(init_scale)

@@ -21,7 +21,14 @@ import pyro
 import torch
 from pyro.infer.autoguide.utils import deep_setattr
 from pyro.nn import PyroModule, PyroParam
-from pyro.nn.module import _is_module_local_param_enabled
+
+from ..._pyro_compat import (
+    join_name,
+    module_local_params,
+    param_store_value,
+    pyro_name,
+    unconstrained_parameter,
+)
 
 __all__ = ["ParamRef", "set_param"]
 
@@ -43,9 +50,9 @@ def set_param(root: PyroModule, path: str, value: torch.Tensor, *, site: str) ->
     Raises:
         ValueError: If the param store holds ``<root name>.<path>`` with another shape.
     """
-    name = root.__dict__.get("_pyro_name")
-    if name is not None and not _is_module_local_param_enabled():
-        fullname = f"{name}.{path}" if name else path
+    if not module_local_params():
+        name = pyro_name(root)
+        fullname = join_name(name, path)
         store = pyro.get_param_store()
         if fullname in store and store[fullname].shape != value.shape:
             guide = name.rpartition(".")[0] or name
@@ -73,16 +80,10 @@ class ParamRef:
 
     def __call__(self) -> torch.Tensor:
         """The parameter's current value, recorded as a ``pyro.param`` site."""
-        owner = self._owner
-        name = owner.__dict__.get("_pyro_name")
-        if name is not None and not _is_module_local_param_enabled():
-            fullname = f"{name}.{self._leaf}" if name else self._leaf
-            if fullname in pyro.get_param_store():
-                value = pyro.param(fullname)
-                if value is owner._parameters.get(f"{self._leaf}_unconstrained"):
-                    return value
-        # Out of sync, substituted by a handler, or module-local: PyroModule's own path.
-        return getattr(owner, self._leaf)
+        value = param_store_value(self._owner, self._leaf)
+        if value is None:  # out of sync, substituted by a handler, or module-local
+            value = getattr(self._owner, self._leaf)  # PyroModule's own path
+        return value
 
     def module_value(self) -> torch.Tensor:
         """The module's own tensor, without a ``pyro.param`` statement.
@@ -91,4 +92,4 @@ class ParamRef:
         same tensor (``fit``'s fused step, whose optimiser holds the store's tensors). The
         parameter is real-valued, so this is its value.
         """
-        return self._owner._parameters[f"{self._leaf}_unconstrained"]
+        return unconstrained_parameter(self._owner, self._leaf)

@@ -11,19 +11,20 @@ export and estimators read it.
 
 from __future__ import annotations
 
-import pyro
+from collections.abc import Sequence
+
 import pyro.distributions as dist
 import torch
 from pyro.nn import PyroModule
 
-from ._base import GaussianGuide
+from ._base import SiteWiseGuide, quantile_levels
 from ._params import ParamRef as _ParamRef
 from ._params import set_param
 
 __all__ = ["DeltaGuide"]
 
 
-class DeltaGuide(GaussianGuide):
+class DeltaGuide(SiteWiseGuide):
     r"""A point mass at a learned value of every weight, :math:`q(w) = \delta(w - \mu)`.
 
     The degenerate Gaussian guide (:math:`\sigma = 0`): its KL to a prior has no finite
@@ -50,15 +51,27 @@ class DeltaGuide(GaussianGuide):
         """The guide's distribution of one site: a ``Delta`` at its value, one event."""
         return dist.Delta(self._params[name](), event_dim=self._event_dims[name])
 
-    def forward(self, *args, **kwargs) -> dict[str, torch.Tensor]:
-        """Set every latent site to its value; takes the model's arguments.
+    @torch.no_grad()
+    def quantiles(
+        self, quantiles: Sequence[float] | torch.Tensor, *args, **kwargs
+    ) -> dict[str, torch.Tensor]:
+        """Every quantile of a point mass is its value.
+
+        Args:
+            quantiles: Levels in ``(0, 1)``.
+            *args: The model's arguments, only if the guide has not been called yet.
+            **kwargs: Likewise.
 
         Returns:
-            ``{site name: value}``; under a particle plate each is expanded to the plate.
+            ``{site: tensor (len(quantiles), *site shape)}``, the value repeated.
         """
-        if self.prototype_trace is None:
-            self._setup_prototype(*args, **kwargs)
-        return {name: pyro.sample(name, self.site_distribution(name)) for name in self._event_dims}
+        self._require_setup(*args, **kwargs)
+        result = {}
+        for site, ref in self._params.items():
+            loc = ref().detach()
+            q = quantile_levels(quantiles, loc)
+            result[site] = loc.expand(q.numel(), *loc.shape).clone()
+        return result
 
     def _marginals(self) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
         return {name: (loc := ref(), torch.zeros_like(loc)) for name, ref in self._params.items()}

@@ -17,7 +17,6 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from operator import attrgetter
 from typing import Any, Literal
 
 import pyro
@@ -25,12 +24,12 @@ import pyro.distributions as dist
 import torch
 from pyro.nn import PyroModule
 
+from ..._pyro_compat import low_rank_parts, pyro_name
 from ..._validation import check_choice, check_int
 from ..sites import BLOCK_KEY, JOINT_KEY
 from ._base import GaussianGuide
-from ._init import InitLoc, check_init_scale, scale_from_rho
-from ._params import set_param
-from .moped import MOPED
+from ._init import InitLoc, InitScale, as_init_scale, scale_from_rho
+from ._params import ParamRef, set_param
 
 __all__ = ["LowRankGuide", "LowRankMultivariateNormal"]
 
@@ -52,12 +51,14 @@ class LowRankMultivariateNormal(dist.LowRankMultivariateNormal):
     def rsample(self, sample_shape: torch.Size = torch.Size()) -> torch.Tensor:  # noqa: B008
         r"""Draw :math:`\mu + D^{1/2}\varepsilon_1 + V\varepsilon_2`, remembering ε₂."""
         shape = self._extended_shape(sample_shape)
-        rank = self._unbroadcasted_cov_factor.shape[-1]
+        factor, diag = low_rank_parts(self)
         eps_diag = torch.randn(shape, dtype=self.loc.dtype, device=self.loc.device)
-        eps_factor = torch.randn((*shape[:-1], rank), dtype=self.loc.dtype, device=self.loc.device)
+        eps_factor = torch.randn(
+            (*shape[:-1], factor.shape[-1]), dtype=self.loc.dtype, device=self.loc.device
+        )
         self.factor_noise = eps_factor
-        factor_part = (self._unbroadcasted_cov_factor @ eps_factor.unsqueeze(-1)).squeeze(-1)
-        return self.loc + factor_part + self._unbroadcasted_cov_diag.sqrt() * eps_diag
+        factor_part = (factor @ eps_factor.unsqueeze(-1)).squeeze(-1)
+        return self.loc + factor_part + diag.sqrt() * eps_diag
 
 
 @dataclass(frozen=True)
@@ -124,7 +125,7 @@ class LowRankGuide(GaussianGuide):
         *,
         rank: int = 1,
         blocks: Literal["layer", "network"] = "layer",
-        init_scale: float | MOPED = 0.05,
+        init_scale: float | InitScale = 0.05,
         init_loc: InitLoc = None,
         min_scale: float = 1e-6,
         name: str | None = None,
@@ -139,12 +140,8 @@ class LowRankGuide(GaussianGuide):
         self.blocks = check_choice("blocks", blocks, ("layer", "network"))
         self.min_scale = float(min_scale)
         self._diag_fraction = math.sqrt(0.75)
-        if isinstance(init_scale, MOPED):
-            init_scale.rho(torch.zeros(()), min_scale, self._diag_fraction)  # checks its floor
-            self.init_scale, self.init_rho = init_scale, None
-        else:
-            self.init_scale = float(init_scale)
-            self.init_rho = check_init_scale(init_scale * self._diag_fraction, min_scale)
+        self.init_scale = as_init_scale(init_scale)
+        self.init_scale.check(min_scale, self._diag_fraction)
         super().__init__(model, init_loc=init_loc, name=name, create_plates=create_plates)
 
     # -- set-up
@@ -168,21 +165,25 @@ class LowRankGuide(GaussianGuide):
                     f"(sites {names}); use rank <= {start}"
                     + (" or blocks='network'" if self.blocks == "layer" else "")
                 )
-            block = _Block(key, f"_{self._pyro_name}.{key}", tuple(slices))
+            block = _Block(key, f"_{pyro_name(self)}.{key}", tuple(slices))
             self._blocks.append(block)
             loc = torch.cat([locs[s].reshape(*members, -1) for s in names], -1)
-            if self.init_rho is None:  # MOPED: a scale per weight
-                scale = self.init_scale.scales(loc)
-                rho = self.init_scale.rho(loc, self.min_scale, self._diag_fraction)
-            else:
-                scale = torch.full_like(loc, self.init_scale)
-                rho = torch.full_like(loc, self.init_rho)
+            scale = self.init_scale.scales(loc)
+            rho = self.init_scale.rho(loc, self.min_scale, self._diag_fraction)
             factor_scale = 0.5 * scale[..., None] / math.sqrt(self.rank)
             noise = torch.randn(*members, start, self.rank, dtype=loc.dtype).to(loc)
             factor_t = (factor_scale * noise).mT.contiguous()  # V^T, (rank, d)
             set_param(self.locs, key, loc, site=key)
             set_param(self.rhos, key, rho, site=key)
             set_param(self.factors_t, key, factor_t, site=key)
+        self._params = {
+            block.name: tuple(ParamRef(root, block.name) for root in self._roots())
+            for block in self._blocks
+        }
+
+    def _roots(self) -> tuple[PyroModule, PyroModule, PyroModule]:
+        """The modules holding the blocks' means, ρ and factors (transposed), in that order."""
+        return self.locs, self.rhos, self.factors_t
 
     # -- the distribution of a block
     def block_distribution(self, block: _Block | str) -> dist.TorchDistribution:
@@ -192,10 +193,9 @@ class LowRankGuide(GaussianGuide):
         """
         if isinstance(block, str):
             block = self._block(block)
-        loc = attrgetter(block.name)(self.locs)
-        scale = scale_from_rho(attrgetter(block.name)(self.rhos), self.min_scale)
-        factor = attrgetter(block.name)(self.factors_t).mT  # V, a (d, rank) view
-        return LowRankMultivariateNormal(loc, factor, scale.pow(2))
+        loc, rho, factor_t = (ref() for ref in self._params[block.name])
+        scale = scale_from_rho(rho, self.min_scale)
+        return LowRankMultivariateNormal(loc, factor_t.mT, scale.pow(2))  # V, a (d, rank) view
 
     def _block(self, name: str) -> _Block:
         for block in self._blocks:
@@ -241,7 +241,7 @@ class LowRankGuide(GaussianGuide):
             ``{old name in Pyro's param store: (new name, conversion of a saved tensor)}``.
         """
         self._require_setup()
-        prefix = self.factors_t._pyro_name.removesuffix("factors_t")
+        prefix = pyro_name(self.factors_t).removesuffix("factors_t")
         return {
             f"{prefix}factors.{block.name}": (f"{prefix}factors_t.{block.name}", _transposed)
             for block in self._blocks

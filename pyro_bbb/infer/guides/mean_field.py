@@ -11,21 +11,19 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import pyro
 import pyro.distributions as dist
 import torch
 from pyro.nn import PyroModule
 
-from ._base import GaussianGuide
-from ._init import InitLoc, check_init_scale, scale_from_rho
+from ._base import GaussianGuide, SiteWiseGuide
+from ._init import InitLoc, InitScale, as_init_scale, scale_from_rho
 from ._params import ParamRef as _ParamRef
 from ._params import set_param
-from .moped import MOPED
 
 __all__ = ["MeanFieldGuide"]
 
 
-class MeanFieldGuide(GaussianGuide):
+class MeanFieldGuide(GaussianGuide, SiteWiseGuide):
     r"""Fully factorised Gaussian guide over every weight.
 
     :math:`q(w) = \prod_i \mathcal{N}(w_i \mid \mu_i, \sigma_i^2)`, with
@@ -61,18 +59,14 @@ class MeanFieldGuide(GaussianGuide):
         self,
         model: Callable[..., Any],
         *,
-        init_scale: float | MOPED = 0.05,
+        init_scale: float | InitScale = 0.05,
         init_loc: InitLoc = None,
         min_scale: float = 1e-6,
         name: str | None = None,
         create_plates: Callable[..., Any] | None = None,
     ) -> None:
-        if isinstance(init_scale, MOPED):
-            init_scale.rho(torch.zeros(()), min_scale)  # checks its floor now
-            self.init_rho, self.init_scale = None, init_scale
-        else:
-            self.init_rho = check_init_scale(init_scale, min_scale)
-            self.init_scale = float(init_scale)
+        self.init_scale = as_init_scale(init_scale)
+        self.init_scale.check(min_scale)
         self.min_scale = float(min_scale)
         super().__init__(model, init_loc=init_loc, name=name, create_plates=create_plates)
 
@@ -82,11 +76,7 @@ class MeanFieldGuide(GaussianGuide):
         self.rhos = PyroModule()
         for name, loc in locs.items():
             set_param(self.locs, name, loc, site=name)
-            if self.init_rho is None:
-                rho = self.init_scale.rho(loc, self.min_scale)
-            else:
-                rho = torch.full_like(loc, self.init_rho)
-            set_param(self.rhos, name, rho, site=name)
+            set_param(self.rhos, name, self.init_scale.rho(loc, self.min_scale), site=name)
         self._params = {
             name: (_ParamRef(self.locs, name), _ParamRef(self.rhos, name)) for name in locs
         }
@@ -99,17 +89,6 @@ class MeanFieldGuide(GaussianGuide):
         r"""The guide's distribution of one site: :math:`\mathcal{N}(\mu, \sigma^2)`, one event."""
         loc, scale = self._loc_scale(name)
         return dist.Normal(loc, scale).to_event(self._event_dims[name])
-
-    def forward(self, *args, **kwargs) -> dict[str, torch.Tensor]:
-        """Draw every latent site; takes the model's arguments.
-
-        Returns:
-            ``{site name: sample}``; under a particle plate each sample has leading sample
-            dims ``(num_particles, 1, *shape)``.
-        """
-        if self.prototype_trace is None:
-            self._setup_prototype(*args, **kwargs)
-        return {name: pyro.sample(name, self.site_distribution(name)) for name in self._event_dims}
 
     @torch.no_grad()
     def posterior(self) -> dict[str, dist.TorchDistribution]:

@@ -13,11 +13,12 @@ from __future__ import annotations
 import torch
 
 from ..._validation import check_positive_number
+from ._init import InitScale
 
 __all__ = ["MOPED"]
 
 
-class MOPED:
+class MOPED(InitScale):
     r"""Initial guide scales :math:`\sigma_i = \max(\delta\,|\mu_i|, \sigma_{\text{floor}})`.
 
     Args:
@@ -38,14 +39,8 @@ class MOPED:
         r"""The initial :math:`\sigma` of every weight, ``loc``'s shape."""
         return (self.delta * loc.detach().abs()).clamp_min(self.floor)
 
-    def rho(self, loc: torch.Tensor, min_scale: float, fraction: float = 1.0) -> torch.Tensor:
-        r"""ρ with :math:`\text{softplus}(\rho) + \sigma_{\min} = f\sigma` for every weight.
-
-        Args:
-            loc: The initial means.
-            min_scale: The guide's :math:`\sigma_{\min}`.
-            fraction: :math:`f`, the part of σ the diagonal carries (a low-rank guide puts
-                the rest in its factor).
+    def check(self, min_scale: float, fraction: float = 1.0) -> None:
+        """Raise if the floor's part ``fraction × floor`` is not above ``min_scale``.
 
         Raises:
             ValueError: If ``fraction × floor`` is not above ``min_scale``.
@@ -56,8 +51,6 @@ class MOPED:
                 + (f" / {fraction:.3g}" if fraction != 1.0 else "")
                 + f", got {self.floor}"
             )
-        excess = fraction * self.scales(loc) - min_scale
-        return excess + torch.log(-torch.expm1(-excess))  # inverse softplus, stable for small σ
 
     def __repr__(self) -> str:
         return f"MOPED(delta={self.delta:g}, floor={self.floor:g})"

@@ -22,6 +22,7 @@ import torch
 import torch.fx
 from torch import nn
 
+from ..._pyro_compat import site_name
 from ...nn import BayesianAffine, BayesianLayer, BayesianModule, ConvMap, LinearMap
 from ._jax import jax, jnp
 from .export_ops import (
@@ -46,7 +47,7 @@ def _layer_operands(layer: BayesianLayer, names: tuple[str, ...], dtype: np.dtyp
     sites, constants = {}, {}
     for name in names:
         if name in layer.priors:
-            sites[layer._pyro_get_fullname(name)] = name
+            sites[site_name(layer, name)] = name
         elif layer._parameters.get(name) is not None:
             constants[name] = constant(layer._parameters[name], dtype)
         else:

@@ -28,6 +28,7 @@ from pyro.poutine.util import site_is_subsample
 from torch import nn
 from torch.distributions import constraints
 
+from ..._pyro_compat import site_name
 from ...likelihoods import Gaussian
 from ..sites import base_support, is_real_valued
 
@@ -87,7 +88,7 @@ def learned_noise(model) -> str | None:
     """The Pyro parameter name of the model's learned Gaussian noise scale, or ``None``."""
     likelihood = getattr(model, "likelihood", None)
     if isinstance(likelihood, Gaussian) and likelihood.learned:
-        return likelihood._pyro_get_fullname("scale")
+        return site_name(likelihood, "scale")
     return None
 
 

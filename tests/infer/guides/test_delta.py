@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pyro
+import pytest
 import torch
 
 import pyro_bbb as bbb
@@ -32,3 +33,15 @@ def test_its_marginals_have_zero_scale_and_its_draws_are_its_values():
     for name, (loc, scale) in guide.marginals().items():
         assert torch.equal(draws[name], loc)
         assert torch.equal(scale, torch.zeros_like(loc))
+
+
+def test_every_quantile_of_a_point_mass_is_its_value():
+    pyro.clear_param_store()
+    x, y, *_ = conjugate_problem()
+    guide = bbb.DeltaGuide(linear_bnn(x))
+    quantiles = guide.quantiles([0.05, 0.5, 0.95], x, y)
+    for name, value in guide.median().items():
+        assert torch.equal(quantiles[name], value.expand(3, *value.shape))
+    with pytest.raises(ValueError, match=r"quantiles must lie in \(0, 1\)"):
+        guide.quantiles([0.0, 0.5])
+    assert not isinstance(guide, bbb.infer.guides._base.GaussianGuide)

@@ -1,0 +1,253 @@
+r"""R-VGA: the recursive variational Gaussian approximation, with a full covariance.
+
+Lambert, Bonnabel and Bach (2022), "The recursive variational Gaussian approximation
+(R-VGA)", Statistics and Computing 32, https://arxiv.org/abs/2107.04409. Online variational
+inference with a Gaussian :math:`q_t = \mathcal{N}(\mu_t, P_t)` asks at each step for the
+:math:`q` closest to :math:`q_{t-1}(\theta)\,p(y_t \mid \theta)`; its fixed point gives the
+recursion
+
+.. math::
+
+    P_t^{-1} = P_{t-1}^{-1} + \mathbb{E}_{q}\big[-\nabla^2_\theta \log p(y_t \mid \theta)\big],
+    \qquad
+    \mu_t = \mu_{t-1} + P_t\, \mathbb{E}_{q}\big[\nabla_\theta \log p(y_t \mid \theta)\big],
+
+with the expectations under :math:`q_{t-1}`: the explicit scheme, exact for Bayesian linear
+regression (the Kalman filter). The optimal :math:`q_t` solves the same equations with the
+expectations under :math:`q_t` itself and :math:`P_{t-1}` in the mean's (the implicit
+scheme); ``num_iterations > 1`` approaches it by Gauss-Newton steps, each with the
+expectations under the last iterate :math:`q^{(i)} = \mathcal{N}(\mu^{(i)}, P^{(i)})`,
+
+.. math::
+
+    P^{(i+1)} = \big(P_{t-1}^{-1} + \mathbb{E}_{q^{(i)}}[-\nabla^2 \log p]\big)^{-1},
+    \qquad
+    \mu^{(i+1)} = \mu^{(i)} + P^{(i+1)}\big(P_{t-1}^{-1}(\mu_{t-1} - \mu^{(i)})
+        + \mathbb{E}_{q^{(i)}}[\nabla \log p]\big),
+
+the first of which is the explicit step (as the iterated extended Kalman filter relates to the
+extended one); on a linear-Gaussian model every iterate is exact. For a network the Hessian is
+replaced by the generalised Gauss-Newton matrix :math:`J^\top H J`
+(:mod:`~pyro_bbb.online.observation`), and the expectations are taken either by Monte Carlo,
+over draws :math:`\theta_s \sim q` (mirrored in pairs :math:`\mu \pm \varepsilon_s`, so
+their mean is :math:`\mu` exactly), or linearised at the mean (then R-VGA is the extended
+Kalman filter in information form).
+
+The covariance is kept as a square root, :math:`P = SS^\top`: with the minibatch's
+curvature :math:`AA^\top` (:math:`A = [J_n^\top L_n]_n`, ``k`` columns) and :math:`B = S^\top A`,
+
+.. math::
+
+    P_t = S(I + BB^\top)^{-1}S^\top = S'S'^\top, \qquad
+    S' = S\big(I - B\,Q\,\mathrm{diag}(c)\,Q^\top B^\top\big),\;
+    c_j = \frac{1}{\sqrt{1+\lambda_j}\,(1+\sqrt{1+\lambda_j})},
+
+from the eigendecomposition :math:`B^\top B = Q\,\mathrm{diag}(\lambda)\,Q^\top`: :math:`O(d^2 k)`
+per step, and :math:`P` stays positive definite by construction. A full covariance is
+:math:`d^2` numbers: R-VGA is for networks of up to a few thousand weights; LoFi
+(:mod:`~pyro_bbb.online.lofi`) is its low-rank, linear-cost successor.
+
+This module holds :class:`RVGAState`, the pure :func:`init`, :func:`predict`, :func:`draws`
+and :func:`update`, and :class:`RVGA`, the updater a user drives one minibatch at a time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import torch
+
+from .._validation import check_int
+from .guide import Belief
+from .updater import OnlineUpdater, Start
+
+__all__ = [
+    "RVGA",
+    "RVGAState",
+    "draws",
+    "init",
+    "output_variance",
+    "precision_times",
+    "predict",
+    "update",
+]
+
+
+class RVGAState(NamedTuple):
+    r"""The belief :math:`\mathcal{N}(\mu, SS^\top)`.
+
+    Attributes:
+        mean: :math:`\mu`, ``(d,)``.
+        covariance_root: :math:`S`, ``(d, d)``, any square root of the covariance.
+    """
+
+    mean: torch.Tensor
+    covariance_root: torch.Tensor
+
+
+def init(mean: torch.Tensor, covariance: torch.Tensor) -> RVGAState:
+    """A belief from a mean ``(d,)`` and a covariance: ``(d,)`` (a diagonal) or ``(d, d)``."""
+    if covariance.dim() == 1:
+        return RVGAState(mean, torch.diag(covariance.sqrt()))
+    return RVGAState(mean, torch.linalg.cholesky(covariance))
+
+
+def predict(state: RVGAState, dynamics_noise: float) -> RVGAState:
+    r""":math:`P + qI`: the drift before a step (a Cholesky factorisation, :math:`O(d^3)`)."""
+    if dynamics_noise == 0:
+        return state
+    root = state.covariance_root
+    covariance = root @ root.mT
+    covariance.diagonal().add_(dynamics_noise)
+    return RVGAState(state.mean, torch.linalg.cholesky(covariance))
+
+
+def draws(state: RVGAState, num_samples: int) -> torch.Tensor:
+    r"""``num_samples`` (even) draws :math:`\mu \pm S\varepsilon_s`, mirrored, ``(num_samples, d)``.
+
+    Uses torch's global random state.
+    """
+    half = num_samples // 2
+    eps = torch.randn(half, state.mean.shape[0], dtype=state.mean.dtype, device=state.mean.device)
+    offsets = eps @ state.covariance_root.mT
+    return state.mean + torch.cat([offsets, -offsets])
+
+
+def update(state: RVGAState, gradient: torch.Tensor, curvature_rows: torch.Tensor) -> RVGAState:
+    r"""One R-VGA step from the expected gradient and curvature.
+
+    Args:
+        state: :math:`q_{t-1}`.
+        gradient: :math:`\mathbb{E}_q[\nabla_\theta \log p(y_t \mid \theta)]`, ``(d,)``.
+        curvature_rows: :math:`A^\top`, ``(k, d)``, with :math:`AA^\top` the expected
+            Gauss-Newton matrix of the minibatch.
+
+    Returns:
+        :math:`q_t`.
+    """
+    mean, root = state
+    projected = curvature_rows @ root  # Bᵀ = AᵀS, (k, d)
+    k, d = projected.shape
+    if k < d:
+        gram = (projected @ projected.mT).double()
+        eigenvalues, vectors = torch.linalg.eigh(gram)
+        lifted = (1 + eigenvalues.clamp_min(0)).sqrt()
+        mix = (vectors / (lifted * (1 + lifted))) @ vectors.mT
+        root = root - (root @ projected.mT) @ mix.to(root.dtype) @ projected
+    else:
+        inner = torch.eye(d, dtype=torch.float64, device=root.device)
+        inner = inner + (projected.mT @ projected).double()
+        tril = torch.linalg.cholesky(inner).to(root.dtype)
+        root = torch.linalg.solve_triangular(tril, root.mT, upper=False).mT  # S L⁻ᵀ
+    return RVGAState(mean + root @ (root.mT @ gradient), root)
+
+
+def precision_times(state: RVGAState, vector: torch.Tensor) -> torch.Tensor:
+    r""":math:`P^{-1}v = S^{-\top}S^{-1}v` for ``vector`` ``(d,)`` (two solves, :math:`O(d^3)`)."""
+    root = state.covariance_root
+    inner = torch.linalg.solve(root, vector)
+    return torch.linalg.solve(root.mT, inner)
+
+
+def output_variance(state: RVGAState, rows: torch.Tensor) -> torch.Tensor:
+    r""":math:`a^\top P a` for each row :math:`a` of ``rows`` ``(k, d)``; ``(k,)``."""
+    return (rows @ state.covariance_root).square().sum(-1)
+
+
+class RVGA(OnlineUpdater):
+    r"""The recursive variational Gaussian approximation over a BNN's weights (full covariance).
+
+    ``rvga.update(x, y)`` folds a minibatch (or one point) into the belief by the R-VGA
+    recursion (the module's notes have the maths): expected gradient and expected
+    Gauss-Newton matrix under the belief, by Monte Carlo over ``num_samples`` mirrored draws
+    or linearised at the mean. :attr:`guide` is the belief at every point of the stream, a
+    full-rank :class:`~pyro_bbb.online.LowRankPrecisionGuide` (converted from the
+    covariance, :math:`O(d^3)`, when it is next used).
+
+    Args:
+        model: A :class:`~pyro_bbb.BNN` with Gaussian priors on its weights and a Gaussian
+            (fixed or learned scale), Categorical or Bernoulli likelihood.
+        guide: The belief to start from: ``None`` for the prior (means at the network's
+            initialisation), a trained :class:`~pyro_bbb.MeanFieldGuide` or
+            :class:`~pyro_bbb.LowRankGuide`, or a full-rank
+            :class:`~pyro_bbb.online.LowRankPrecisionGuide` (then updated in place).
+        num_samples: Draws for the expectations, even, ``>= 2``; ignored when ``linearised``.
+        linearised: Take the expectations at the mean (the extended Kalman filter).
+        num_iterations: Gauss-Newton steps towards the implicit scheme (1: the explicit
+            R-VGA).
+        dynamics_noise: :math:`q \ge 0`, weight variance added before each step.
+        init_loc: The starting mean when ``guide`` is ``None``.
+
+    Raises:
+        TypeError: On a model that is not a ``BNN`` or an unsupported guide.
+        ValueError: On bad options; at the first update, on non-Gaussian priors.
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        guide: Any = None,
+        *,
+        num_samples: int = 10,
+        linearised: bool = False,
+        num_iterations: int = 1,
+        dynamics_noise: float = 0.0,
+        init_loc: Any = None,
+    ) -> None:
+        self.num_samples = check_int("num_samples", num_samples, minimum=2)
+        if self.num_samples % 2:
+            raise ValueError(f"num_samples must be even (mirrored pairs), got {num_samples}")
+        self.linearised = bool(linearised)
+        self.num_iterations = check_int("num_iterations", num_iterations)
+        super().__init__(
+            model, guide, guide_rank=None, dynamics_noise=dynamics_noise, init_loc=init_loc
+        )
+
+    def _init_state(self, start: Start) -> RVGAState:
+        if start.covariance is not None:
+            return init(start.mean, start.covariance)
+        if start.precision_factor is None or start.precision_factor.shape[1] == 0:
+            return init(start.mean, start.precision_diag.reciprocal())
+        factor = start.precision_factor
+        precision = torch.diag(start.precision_diag) + factor @ factor.mT
+        return init(start.mean, torch.cholesky_inverse(torch.linalg.cholesky(precision)))
+
+    def _step(
+        self, state: RVGAState, pull: Callable[[torch.Tensor], tuple]
+    ) -> tuple[RVGAState, torch.Tensor, torch.Tensor]:
+        previous = predict(state, self.dynamics_noise)
+        current = previous
+        for iteration in range(self.num_iterations):
+            if self.linearised:
+                thetas = current.mean.unsqueeze(0)
+            else:
+                thetas = draws(current, self.num_samples)
+            outputs, rows, gradient = pull(thetas)
+            flat = rows.reshape(-1, rows.shape[-1]) / thetas.shape[0] ** 0.5
+            if iteration:  # a Gauss-Newton step on the implicit equations, from q^(i)
+                gradient = gradient + precision_times(previous, previous.mean - current.mean)
+            current = update(RVGAState(current.mean, previous.covariance_root), gradient, flat)
+        return current, outputs, rows
+
+    def _output_variance(self, state: RVGAState, rows: torch.Tensor) -> torch.Tensor:
+        return output_variance(state, rows)
+
+    def _belief(self, state: RVGAState) -> Belief:
+        r"""The precision :math:`P^{-1} = cI + WW^\top`, :math:`c` half its smallest eigenvalue."""
+        root = state.covariance_root.double()
+        precision = torch.cholesky_inverse(torch.linalg.cholesky(root @ root.mT))
+        floor = 0.5 * torch.linalg.eigvalsh(precision)[0]
+        shifted = precision - floor * torch.eye(
+            len(precision), dtype=precision.dtype, device=precision.device
+        )
+        factor = torch.linalg.cholesky(shifted).to(state.mean.dtype)
+        diag = torch.full_like(state.mean, float(floor))
+        return state.mean, factor, diag
+
+    def _check_guide(self, guide) -> None:
+        if guide.rank is not None:
+            raise ValueError(
+                f"RVGA keeps a full covariance: its guide must have rank=None (full), got "
+                f"rank {guide.rank}"
+            )
