@@ -132,7 +132,7 @@ class AutoEpochs:
         return 0.0 if self._warmup is None else self._warmup(t)
 
     def rate(self, t: float) -> float:
-        """The learning-rate factor at epoch ``t``: 1, then the decay to 1 %."""
+        """The learning-rate factor at epoch ``t``: 1, then the decay (:meth:`_decay_plan`)."""
         return 1.0 if self._decay is None else self._decay(t)
 
     # ---------------------------------------------------------------- the run

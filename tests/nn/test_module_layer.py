@@ -217,6 +217,7 @@ def test_vectorised_elbo_particles_flow_through_a_wrapped_module():
     guide = bbb.MeanFieldGuide(model, init_scale=0.05)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # LayerNorm is vmapped: no loop, no warning
+        warnings.simplefilter("ignore", bbb.ConvergenceWarning)  # 30 epochs: not the point
         history = bbb.fit(
             model, guide, x, y, epochs=30, num_particles=4, lr=0.02, beta=1.0, progress=False
         )

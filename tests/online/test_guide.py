@@ -132,7 +132,7 @@ def test_to_inference_data_takes_the_belief_with_its_density():
     model = _small_model()
     guide, x, y = _trained(model)
     data = bbb.to_inference_data(model, guide, x, y, num_samples=30, seed=0)
-    assert data.posterior["0.weight"].shape == (1, 30, 6, 2)
+    assert data.posterior["0.weight"].shape == (4, 30, 6, 2)  # four chains of 30 draws
     assert "log_q" in data.sample_stats or "lp" in data.sample_stats
 
 

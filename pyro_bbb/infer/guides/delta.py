@@ -12,6 +12,7 @@ export and estimators read it.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import pyro.distributions as dist
 import torch
@@ -53,7 +54,7 @@ class DeltaGuide(SiteWiseGuide):
 
     @torch.no_grad()
     def quantiles(
-        self, quantiles: Sequence[float] | torch.Tensor, *args, **kwargs
+        self, quantiles: Sequence[float] | torch.Tensor, *args: Any, **kwargs: Any
     ) -> dict[str, torch.Tensor]:
         """Every quantile of a point mass is its value.
 
