@@ -23,23 +23,25 @@ sites drawn so far: :math:`O(d r)` work per draw once :math:`L` and :math:`U_b` 
 never a :math:`d \times d` matrix.
 
 This module holds :class:`GaussianBlock` and :class:`SiteConditional`, the distribution of one
-site given the others. It knows nothing of guides or inference; the ELBO reads
+site given the others, on the bookkeeping every form of block shares
+(:mod:`~pyro_bbb.priors.site_block`). It knows nothing of guides or inference; the ELBO reads
 :attr:`SiteConditional.block` and :attr:`SiteConditional.given` to compute the KL divergence
 of a whole block in closed form.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 import pyro.distributions as dist
 import torch
-from pyro.distributions import constraints
+
+from .site_block import BlockSiteConditional, SiteBlock
 
 __all__ = ["GaussianBlock", "SiteConditional"]
 
 
-class GaussianBlock:
+class GaussianBlock(SiteBlock):
     r""":math:`\mathcal{N}(\mu, D + VV^\top)` over the concatenated values of named sites.
 
     The tensors are detached and copied; moved copies for each device and dtype the block is
@@ -56,6 +58,10 @@ class GaussianBlock:
         ValueError: On inconsistent shapes or a non-positive diagonal.
     """
 
+    FACTOR, DIAGONAL = "cov_factor", "cov_diag"
+    cov_factor: torch.Tensor
+    cov_diag: torch.Tensor
+
     def __init__(
         self,
         loc: torch.Tensor,
@@ -63,40 +69,7 @@ class GaussianBlock:
         cov_diag: torch.Tensor,
         sites: Mapping[str, Sequence[int]],
     ) -> None:
-        self.sites = {name: torch.Size(shape) for name, shape in sites.items()}
-        d = sum(shape.numel() for shape in self.sites.values())
-        if loc.shape != (d,) or cov_diag.shape != (d,) or cov_factor.dim() != 2:
-            raise ValueError(
-                f"a block of sites {list(self.sites)} has {d} values: loc and cov_diag must be "
-                f"({d},) and cov_factor ({d}, rank), got {tuple(loc.shape)}, "
-                f"{tuple(cov_diag.shape)} and {tuple(cov_factor.shape)}"
-            )
-        if cov_factor.shape[0] != d or cov_factor.shape[1] < 1:
-            raise ValueError(f"cov_factor must be ({d}, rank >= 1), got {tuple(cov_factor.shape)}")
-        if not bool((cov_diag > 0).all()):
-            raise ValueError("cov_diag must be positive")
-        self.loc = loc.detach().clone()
-        self.cov_factor = cov_factor.detach().clone()
-        self.cov_diag = cov_diag.detach().clone()
-        self._slices: dict[str, slice] = {}
-        start = 0
-        for name, shape in self.sites.items():
-            self._slices[name] = slice(start, start + shape.numel())
-            start += shape.numel()
-        self._cache: dict[tuple, object] = {}
-
-    @property
-    def rank(self) -> int:
-        """``r``, the columns of :math:`V`."""
-        return self.cov_factor.shape[1]
-
-    def __repr__(self) -> str:
-        return (
-            f"GaussianBlock(sites={list(self.sites)}, size={self.loc.shape[0]}, rank={self.rank})"
-        )
-
-    def __getstate__(self) -> dict:
-        return {**self.__dict__, "_cache": {}}  # moved copies are rebuilt where unpickled
+        super().__init__(loc, cov_factor, cov_diag, sites)
 
     def site_marginal(self, site: str) -> tuple[torch.Tensor, torch.Tensor]:
         r"""Mean and std of each value of ``site`` under the joint, each in the site's shape.
@@ -104,14 +77,11 @@ class GaussianBlock:
         The marginal of one value :math:`i` is
         :math:`\mathcal{N}(\mu_i, D_{ii} + \sum_k V_{ik}^2)`.
         """
+        self._check_sites((site,))
         part = self._slices[site]
         variance = self.cov_diag[part] + self.cov_factor[part].square().sum(-1)
         shape = self.sites[site]
         return self.loc[part].reshape(shape), variance.sqrt().reshape(shape)
-
-    def site_loc(self, site: str) -> torch.Tensor:
-        """The marginal mean of one site, in the site's shape."""
-        return self.loc[self._slices[site]].reshape(self.sites[site])
 
     # -- the pieces on a device
     def _pieces(self, device: torch.device, dtype: torch.dtype) -> dict[str, tuple]:
@@ -151,53 +121,20 @@ class GaussianBlock:
             self._cache[key] = joint
         return joint
 
-    def conditional(
+    def _conditional(
         self,
         site: str,
-        drawn: Mapping[str, torch.Tensor],
-        *,
-        device: torch.device,
-        dtype: torch.dtype,
+        given: tuple[str, ...],
+        factors: tuple,
+        values: Iterator[tuple[str, torch.Tensor]],
     ) -> SiteConditional:
-        """The distribution of ``site`` given the values of the block's sites in ``drawn``.
-
-        Args:
-            site: A site of the block.
-            drawn: Values of other sites of the block, ``(*batch, *site shape)`` each; entries
-                for sites outside the block are ignored.
-            device: Where the distribution lives.
-            dtype: Its floating-point type.
-
-        Returns:
-            A :class:`SiteConditional` with event shape the site's shape and batch shape the
-            broadcast of the drawn values' leading dims.
-
-        Raises:
-            KeyError: If ``site`` is not in the block.
-            ValueError: If a drawn value does not have its site's shape.
-        """
-        self._check_sites((site,))
-        given = tuple(name for name in self.sites if name in drawn and name != site)
-        key = ("conditional", site, given, device, dtype)
-        cached = self._cache.get(key)
-        if cached is None:
-            cached = self._conditional_factors(site, given, device, dtype)
-            self._cache[key] = cached
-        base, tril, factor = cached
+        base, tril, factor = factors
         if not given:
             return SiteConditional(base, None, self.sites[site], block=self, site=site, given=())
-        pieces = self._pieces(device, dtype)
+        pieces = self._pieces(tril.device, tril.dtype)
         projected = 0  # V_aᵀ D_a⁻¹ (a − μ_a), shape (*batch, r)
-        for name in given:
-            value = drawn[name]
-            shape = self.sites[name]
-            if value.shape[value.dim() - len(shape) :] != shape:
-                raise ValueError(
-                    f"site {name!r} of the block must end in shape {tuple(shape)}, got a value "
-                    f"of shape {tuple(value.shape)}"
-                )
+        for name, flat in values:
             loc, _, _, scaled = pieces[name]
-            flat = value.reshape(*value.shape[: value.dim() - len(shape)], -1)
             projected = projected + (flat - loc) @ scaled
         z = torch.linalg.solve_triangular(tril, projected.unsqueeze(-1), upper=False).squeeze(-1)
         return SiteConditional(
@@ -222,15 +159,8 @@ class GaussianBlock:
         )
         return base, tril.to(**cast), cond_factor.to(**cast)
 
-    def _check_sites(self, sites: Sequence[str]) -> None:
-        unknown = [s for s in sites if s not in self.sites]
-        if unknown:
-            raise KeyError(
-                f"site(s) {unknown} are not in the block; its sites are {list(self.sites)}"
-            )
 
-
-class SiteConditional(dist.TorchDistribution):
+class SiteConditional(BlockSiteConditional):
     r"""One site of a :class:`GaussianBlock` given the block's sites drawn before it.
 
     :math:`\mathcal{N}(\mu_b + \text{shift}, D_b + U_b U_b^\top)` reshaped to the site's shape:
@@ -244,9 +174,6 @@ class SiteConditional(dist.TorchDistribution):
         given: The names of the block's sites this distribution is conditioned on.
     """
 
-    arg_constraints = {}  # noqa: RUF012 (torch's class-level convention)
-    has_rsample = True
-
     def __init__(
         self,
         base: dist.LowRankMultivariateNormal,
@@ -259,15 +186,9 @@ class SiteConditional(dist.TorchDistribution):
         batch_shape: torch.Size | None = None,
     ) -> None:
         self.base, self.shift = base, shift
-        self.block, self.site, self.given = block, site, given
         if batch_shape is None:
             batch_shape = torch.Size(()) if shift is None else shift.shape[:-1]
-        super().__init__(torch.Size(batch_shape), torch.Size(shape), validate_args=False)
-
-    @property
-    def support(self) -> constraints.Constraint:
-        """The reals, one event of the site's shape."""
-        return constraints.independent(constraints.real, len(self.event_shape))
+        super().__init__(batch_shape, shape, block=block, site=site, given=given)
 
     def expand(self, batch_shape, _instance=None) -> SiteConditional:  # noqa: D102 (torch's API)
         batch_shape = torch.Size(batch_shape)
@@ -282,32 +203,15 @@ class SiteConditional(dist.TorchDistribution):
             batch_shape=batch_shape,
         )
 
-    def _flat_loc(self) -> torch.Tensor:
-        loc = self.base.loc if self.shift is None else self.base.loc + self.shift
-        return loc.expand(*self.batch_shape, loc.shape[-1])
+    def _flat_mean(self) -> torch.Tensor:
+        return self.base.loc if self.shift is None else self.base.loc + self.shift
 
-    @property
-    def mean(self) -> torch.Tensor:
-        """The conditional mean, ``(*batch, *site shape)``."""
-        return self._flat_loc().reshape(*self.batch_shape, *self.event_shape)
+    def _flat_variance(self) -> torch.Tensor:
+        return self.base.variance
 
-    @property
-    def variance(self) -> torch.Tensor:
-        """The conditional variances, ``(*batch, *site shape)``."""
-        var = self.base.variance.expand(*self.batch_shape, -1)
-        return var.reshape(*self.batch_shape, *self.event_shape)
+    def _flat_rsample(self, sample_shape: torch.Size) -> torch.Tensor:
+        flat = self.base.rsample(sample_shape + self.batch_shape)
+        return flat if self.shift is None else flat + self.shift
 
-    def rsample(self, sample_shape: torch.Size = torch.Size()) -> torch.Tensor:  # noqa: B008
-        """Draw ``(*sample_shape, *batch, *site shape)``, differentiably in the shift."""
-        flat = self.base.rsample(torch.Size(sample_shape) + self.batch_shape)
-        if self.shift is not None:
-            flat = flat + self.shift
-        return flat.reshape(*flat.shape[:-1], *self.event_shape)
-
-    def log_prob(self, value: torch.Tensor) -> torch.Tensor:
-        """Log-density of ``value`` ``(..., *site shape)``, shape the broadcast batch dims."""
-        flat = value.reshape(*value.shape[: value.dim() - len(self.event_shape)], -1)
-        if self.shift is not None:
-            flat = flat - self.shift
-        log_p = self.base.log_prob(flat)
-        return log_p.expand(torch.broadcast_shapes(log_p.shape, self.batch_shape))
+    def _flat_log_prob(self, flat: torch.Tensor) -> torch.Tensor:
+        return self.base.log_prob(flat if self.shift is None else flat - self.shift)

@@ -26,23 +26,23 @@ and a site :math:`b` given the sites :math:`a` drawn before it is
     \qquad \tilde K_b = I + \tilde W_b^\top \Upsilon_b^{-1} \tilde W_b,
 
 again in precision form. This module holds :class:`PrecisionBlock` and
-:class:`PrecisionSiteConditional`; it knows nothing of guides or inference.
+:class:`PrecisionSiteConditional`, on the bookkeeping every form of block shares
+(:mod:`~pyro_bbb.priors.site_block`); it knows nothing of guides or inference.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
-import pyro.distributions as dist
 import torch
-from pyro.distributions import constraints
 
 from .precision_normal import LowRankPrecisionNormal
+from .site_block import BlockSiteConditional, SiteBlock
 
 __all__ = ["PrecisionBlock", "PrecisionSiteConditional"]
 
 
-class PrecisionBlock:
+class PrecisionBlock(SiteBlock):
     r""":math:`\mathcal{N}(\mu, (\Upsilon + WW^\top)^{-1})` over the concatenated values of sites.
 
     The precision-form counterpart of :class:`~pyro_bbb.priors.gaussian_block.GaussianBlock`,
@@ -65,6 +65,10 @@ class PrecisionBlock:
         ValueError: On inconsistent shapes or a non-positive diagonal.
     """
 
+    FACTOR, DIAGONAL = "precision_factor", "precision_diag"
+    precision_factor: torch.Tensor
+    precision_diag: torch.Tensor
+
     def __init__(
         self,
         loc: torch.Tensor,
@@ -72,43 +76,7 @@ class PrecisionBlock:
         precision_diag: torch.Tensor,
         sites: Mapping[str, Sequence[int]],
     ) -> None:
-        self.sites = {name: torch.Size(shape) for name, shape in sites.items()}
-        d = sum(shape.numel() for shape in self.sites.values())
-        if (
-            loc.shape != (d,)
-            or precision_diag.shape != (d,)
-            or precision_factor.dim() != 2
-            or precision_factor.shape[0] != d
-        ):
-            raise ValueError(
-                f"a block of sites {list(self.sites)} has {d} values: loc and precision_diag "
-                f"must be ({d},) and precision_factor ({d}, rank), got {tuple(loc.shape)}, "
-                f"{tuple(precision_diag.shape)} and {tuple(precision_factor.shape)}"
-            )
-        if not bool((precision_diag > 0).all()):
-            raise ValueError("precision_diag must be positive")
-        self.loc = loc.detach().clone()
-        self.precision_factor = precision_factor.detach().clone()
-        self.precision_diag = precision_diag.detach().clone()
-        self._slices: dict[str, slice] = {}
-        start = 0
-        for name, shape in self.sites.items():
-            self._slices[name] = slice(start, start + shape.numel())
-            start += shape.numel()
-        self._cache: dict[tuple, object] = {}
-
-    @property
-    def rank(self) -> int:
-        """``r``, the columns of :math:`W`."""
-        return self.precision_factor.shape[1]
-
-    def __repr__(self) -> str:
-        return (
-            f"PrecisionBlock(sites={list(self.sites)}, size={self.loc.shape[0]}, rank={self.rank})"
-        )
-
-    def __getstate__(self) -> dict:
-        return {**self.__dict__, "_cache": {}}  # rebuilt where unpickled
+        super().__init__(loc, precision_factor, precision_diag, sites)
 
     def distribution(self) -> LowRankPrecisionNormal:
         """The joint Gaussian of the whole block, over ``(d,)``."""
@@ -123,52 +91,16 @@ class PrecisionBlock:
         part, shape = self._slices[site], self.sites[site]
         return self.loc[part].reshape(shape), variance[part].sqrt().reshape(shape)
 
-    def site_loc(self, site: str) -> torch.Tensor:
-        """The marginal mean of one site, in the site's shape."""
-        self._check_sites((site,))
-        return self.loc[self._slices[site]].reshape(self.sites[site])
-
-    def conditional(
+    def _conditional(
         self,
         site: str,
-        drawn: Mapping[str, torch.Tensor],
-        *,
-        device: torch.device,
-        dtype: torch.dtype,
-    ) -> dist.TorchDistribution:
-        """The distribution of ``site`` given the values of the block's sites in ``drawn``.
-
-        Args:
-            site: A site of the block.
-            drawn: Values of other sites of the block, ``(*batch, *site shape)`` each; entries
-                for sites outside the block are ignored.
-            device: Where the distribution lives.
-            dtype: Its floating-point type.
-
-        Returns:
-            A :class:`PrecisionSiteConditional` with event shape the site's shape and batch
-            shape the broadcast of the drawn values' leading dims.
-
-        Raises:
-            KeyError: If ``site`` is not in the block.
-            ValueError: If a drawn value does not have its site's shape.
-        """
-        self._check_sites((site,))
-        given = tuple(name for name in self.sites if name in drawn and name != site)
-        key = ("conditional", site, given, device, dtype)
-        cached = self._cache.get(key)
-        if cached is None:
-            cached = self._cache[key] = self._conditional_factors(site, given, device, dtype)
-        loc, factor, diag, gain, given_factors = cached
+        given: tuple[str, ...],
+        factors: tuple,
+        values: Iterator[tuple[str, torch.Tensor]],
+    ) -> PrecisionSiteConditional:
+        loc, factor, diag, gain, given_factors = factors
         shift = 0
-        for name, (given_loc, given_factor) in zip(given, given_factors, strict=True):
-            value, shape = drawn[name], self.sites[name]
-            if value.shape[value.dim() - len(shape) :] != shape:
-                raise ValueError(
-                    f"site {name!r} of the block must end in shape {tuple(shape)}, got a value "
-                    f"of shape {tuple(value.shape)}"
-                )
-            flat = value.reshape(*value.shape[: value.dim() - len(shape)], -1)
+        for (_, flat), (given_loc, given_factor) in zip(values, given_factors, strict=True):
             shift = shift + (flat - given_loc) @ given_factor  # W̃_aᵀ (a − μ_a), (*batch, r)
         mean = loc if not given else loc - shift @ gain.mT
         flat = LowRankPrecisionNormal(mean, factor, diag)
@@ -208,15 +140,8 @@ class PrecisionBlock:
             given_factors,
         )
 
-    def _check_sites(self, sites: Sequence[str]) -> None:
-        unknown = [s for s in sites if s not in self.sites]
-        if unknown:
-            raise KeyError(
-                f"site(s) {unknown} are not in the block; its sites are {list(self.sites)}"
-            )
 
-
-class PrecisionSiteConditional(dist.TorchDistribution):
+class PrecisionSiteConditional(BlockSiteConditional):
     """One site of a :class:`PrecisionBlock` given the block's sites drawn before it.
 
     A :class:`LowRankPrecisionNormal` over the site's flattened values, reshaped to the site's
@@ -228,9 +153,6 @@ class PrecisionSiteConditional(dist.TorchDistribution):
         given: The names of the block's sites this distribution is conditioned on.
     """
 
-    arg_constraints = {}  # noqa: RUF012 (torch's class-level convention)
-    has_rsample = True
-
     def __init__(
         self,
         flat: LowRankPrecisionNormal,
@@ -241,13 +163,7 @@ class PrecisionSiteConditional(dist.TorchDistribution):
         given: tuple[str, ...],
     ) -> None:
         self.flat = flat
-        self.block, self.site, self.given = block, site, given
-        super().__init__(flat.batch_shape, torch.Size(shape), validate_args=False)
-
-    @property
-    def support(self) -> constraints.Constraint:
-        """The reals, one event of the site's shape."""
-        return constraints.independent(constraints.real, len(self.event_shape))
+        super().__init__(flat.batch_shape, shape, block=block, site=site, given=given)
 
     def expand(self, batch_shape, _instance=None) -> PrecisionSiteConditional:  # noqa: D102
         return PrecisionSiteConditional(
@@ -258,24 +174,14 @@ class PrecisionSiteConditional(dist.TorchDistribution):
             given=self.given,
         )
 
-    def _site_shaped(self, flat: torch.Tensor) -> torch.Tensor:
-        return flat.reshape(*flat.shape[:-1], *self.event_shape)
+    def _flat_mean(self) -> torch.Tensor:
+        return self.flat.mean
 
-    @property
-    def mean(self) -> torch.Tensor:
-        """The conditional mean, ``(*batch, *site shape)``."""
-        return self._site_shaped(self.flat.mean)
+    def _flat_variance(self) -> torch.Tensor:
+        return self.flat.variance
 
-    @property
-    def variance(self) -> torch.Tensor:
-        """The conditional variances, ``(*batch, *site shape)``."""
-        return self._site_shaped(self.flat.variance)
+    def _flat_rsample(self, sample_shape: torch.Size) -> torch.Tensor:
+        return self.flat.rsample(sample_shape)
 
-    def rsample(self, sample_shape: torch.Size = torch.Size()) -> torch.Tensor:  # noqa: B008
-        """Draw ``(*sample_shape, *batch, *site shape)``."""
-        return self._site_shaped(self.flat.rsample(sample_shape))
-
-    def log_prob(self, value: torch.Tensor) -> torch.Tensor:
-        """Log-density of ``value`` ``(..., *site shape)``, shape the broadcast batch dims."""
-        flat = value.reshape(*value.shape[: value.dim() - len(self.event_shape)], -1)
+    def _flat_log_prob(self, flat: torch.Tensor) -> torch.Tensor:
         return self.flat.log_prob(flat)
