@@ -72,6 +72,7 @@ import statistics
 import subprocess
 import sys
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -397,7 +398,8 @@ class FitSteps:
 
     def __call__(self, steps: int, memory: Callable[[], None] | None = None) -> list[float]:
         timer = _StepTimer(steps, memory)
-        with contextlib.suppress(_EnoughStepsError):
+        with contextlib.suppress(_EnoughStepsError), warnings.catch_warnings():
+            warnings.simplefilter("ignore", pyro_bbb.ConvergenceWarning)  # a timing, not a fit
             pyro_bbb.fit(
                 self.model,
                 self.guide,
@@ -433,11 +435,13 @@ class FitEpochs(FitSteps):
     def __call__(self, steps: int, memory: Callable[[], None] | None = None) -> list[float]:
         if memory is not None:
             memory()
-        history = pyro_bbb.fit(
-            self.model, self.guide, self.x, self.y, epochs=2, batch_size=self.net.batch,
-            lr=LR, reparam=self.reparam, num_particles=1, progress=False,
-            cuda_graph=self.cuda_graph,
-        )  # fmt: skip
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", pyro_bbb.ConvergenceWarning)  # a timing, not a fit
+            history = pyro_bbb.fit(
+                self.model, self.guide, self.x, self.y, epochs=2, batch_size=self.net.batch,
+                lr=LR, reparam=self.reparam, num_particles=1, progress=False,
+                cuda_graph=self.cuda_graph,
+            )  # fmt: skip
         return [history.seconds[1] / EPOCH_STEPS] * EPOCH_STEPS
 
 

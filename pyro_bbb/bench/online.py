@@ -23,6 +23,7 @@ line.
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -32,7 +33,7 @@ from .. import metrics
 from ..infer import ClassificationPrediction, DeltaGuide, MeanFieldGuide, RegressionPrediction
 from ..model import BNN
 from ..online import OnlineUpdater
-from ..training import VCL, fit
+from ..training import VCL, ConvergenceWarning, fit
 
 __all__ = [
     "batch_fit",
@@ -98,7 +99,9 @@ def streaming_vcl(
     """Streaming VCL: one ``fit`` per minibatch, the previous posterior as its prior.
 
     Each minibatch is a task of :class:`~pyro_bbb.training.VCL` (mean-field guides, the plain
-    ELBO): its ``fit`` sees only that minibatch, for ``fit``'s epochs (full-batch steps on it).
+    ELBO): its ``fit`` sees only that minibatch, for 100 epochs unless ``epochs`` is given
+    (full-batch steps on it; ``epochs=None`` trains each minibatch until it has converged).
+    A fit of one minibatch is short by design, so its ``ConvergenceWarning`` is not shown.
 
     Args:
         model: The model (its ``num_data`` is set to each minibatch's size).
@@ -106,17 +109,20 @@ def streaming_vcl(
         y: Targets.
         batch_size: Rows per minibatch.
         name: Prefix of the guides in Pyro's param store.
-        **fit_options: Passed to every ``fit`` (``epochs``, ``lr``, …); ``progress`` is off.
+        **fit_options: Passed to every ``fit`` (``epochs``, 100 by default, ``lr``, …);
+            ``progress`` is off.
 
     Returns:
         The :class:`~pyro_bbb.training.VCL` (predict with ``vcl.predict``) and its CPU
         seconds.
     """
-    fit_options.setdefault("progress", False)
+    fit_options = {"progress": False, "epochs": 100, **fit_options}
     vcl = VCL(model, name=name)
     start = time.process_time()
-    for xb, yb in minibatches(x, y, batch_size):
-        vcl.fit(xb, yb, **fit_options)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        for xb, yb in minibatches(x, y, batch_size):
+            vcl.fit(xb, yb, **fit_options)
     return vcl, time.process_time() - start
 
 
