@@ -303,7 +303,7 @@ def regression_model(num_data, seed):
 
 
 REGRESSION_METHODS = (
-    "batch fit (defaults: 100 epochs)",
+    "batch fit, 100 epochs (the former default)",
     "batch fit, 1,000 epochs",
     "streaming VCL (fit per minibatch)",
     "one-pass Adam",
@@ -437,7 +437,7 @@ def digits_model(num_data, seed):
 
 
 DIGITS_METHODS = (
-    "batch fit (defaults: 100 epochs)",
+    "batch fit, 100 epochs (the former default)",
     "streaming VCL (fit per minibatch)",
     "one-pass Adam",
     "LoFi, rank 10",
