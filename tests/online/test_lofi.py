@@ -20,23 +20,9 @@ from ..problems import (
     linear_posterior,
     wide_conjugate_problem,
 )
+from .streams import at_prior_mean, relative_error, stream
 
 RTOL = 1e-6
-
-
-def _at_prior_mean(x):
-    dim = x.shape[1]
-    return {"0.weight": torch.zeros(1, dim, dtype=x.dtype), "0.bias": torch.zeros(1, dtype=x.dtype)}
-
-
-def _stream(updater, x, y, batch):
-    for start in range(0, len(x), batch):
-        updater.update(x[start : start + batch], y[start : start + batch])
-    return updater.guide.distribution()
-
-
-def _relative(a, b):
-    return float((a - b).abs().max() / b.abs().max())
 
 
 @pytest.mark.parametrize("rank", [4, 6])
@@ -44,9 +30,9 @@ def _relative(a, b):
 def test_rank_at_least_the_weights_gives_the_exact_posterior(rank, batch):
     x, y, mean, covariance, _ = conjugate_problem(num_data=30)
     model = linear_bnn(x)
-    fn = _stream(LoFi(model, rank=rank, init_loc=_at_prior_mean(x)), x, y, batch)
-    assert _relative(fn.loc, mean) < RTOL
-    assert _relative(fn.covariance_matrix, covariance) < RTOL
+    fn = stream(LoFi(model, rank=rank, init_loc=at_prior_mean(x)), x, y, batch)
+    assert relative_error(fn.loc, mean) < RTOL
+    assert relative_error(fn.covariance_matrix, covariance) < RTOL
 
 
 def test_the_kl_to_the_exact_posterior_shrinks_as_the_rank_grows():
@@ -55,7 +41,7 @@ def test_the_kl_to_the_exact_posterior_shrinks_as_the_rank_grows():
     kls = []
     for rank in (0, 1, 2, 4, 8, 12):
         pyro.clear_param_store()
-        fn = _stream(LoFi(linear_bnn(x), rank=rank, init_loc=_at_prior_mean(x)), x, y, 1)
+        fn = stream(LoFi(linear_bnn(x), rank=rank, init_loc=at_prior_mean(x)), x, y, 1)
         kls.append(float(kl_divergence(MultivariateNormal(fn.loc, fn.covariance_matrix), exact)))
     assert all(a >= b for a, b in itertools.pairwise(kls)), kls
     assert kls[0] > 1 and kls[-1] < 1e-9, kls
@@ -137,10 +123,10 @@ def test_a_mean_field_posterior_is_continued_exactly():
         rho = torch.log(torch.expm1(prior_std - start.min_scale))
         start.rhos.get_submodule("0").weight.copy_(rho[:3].reshape(1, 3))
         start.rhos.get_submodule("0").bias.copy_(rho[3:])
-    fn = _stream(LoFi(model, start, rank=4), x, y, 5)
+    fn = stream(LoFi(model, start, rank=4), x, y, 5)
     mean, covariance, _ = linear_posterior(x, y, prior_mean, torch.diag(prior_std**-2))
-    assert _relative(fn.loc, mean) < RTOL
-    assert _relative(fn.covariance_matrix, covariance) < RTOL
+    assert relative_error(fn.loc, mean) < RTOL
+    assert relative_error(fn.covariance_matrix, covariance) < RTOL
 
 
 def test_a_low_rank_guide_is_refused_with_the_reason():
@@ -179,7 +165,7 @@ def test_a_nonlinear_regression_stream_is_learned_in_one_pass():
     )
     updater = LoFi(model, rank=10)
     before = bbb.predict(model, updater.guide, x_test, num_samples=100).log_likelihood(y_test)
-    _stream(updater, x, y, 10)
+    stream(updater, x, y, 10)
     after = bbb.predict(model, updater.guide, x_test, num_samples=100).log_likelihood(y_test)
     assert before < -1.2 and after > -0.3, (before, after)
     assert 0.08 < float(updater.noise_scale) < 0.3
@@ -200,7 +186,7 @@ def test_a_classification_stream_is_learned_in_one_pass():
 
 
 def _stream_and_return(updater, x, y, batch=10):
-    _stream(updater, x, y, batch)
+    stream(updater, x, y, batch)
     return updater
 
 

@@ -9,23 +9,9 @@ import pyro_bbb as bbb
 from pyro_bbb.online import RVGA, rvga
 
 from ..problems import conjugate_problem, exact_guide, linear_bnn, linear_posterior
+from .streams import at_prior_mean, relative_error, stream
 
 RTOL = 1e-6
-
-
-def _at_prior_mean(x):
-    dim = x.shape[1]
-    return {"0.weight": torch.zeros(1, dim, dtype=x.dtype), "0.bias": torch.zeros(1, dtype=x.dtype)}
-
-
-def _stream(updater, x, y, batch):
-    for start in range(0, len(x), batch):
-        updater.update(x[start : start + batch], y[start : start + batch])
-    return updater.guide.distribution()
-
-
-def _relative(a, b):
-    return float((a - b).abs().max() / b.abs().max())
 
 
 @pytest.mark.parametrize(
@@ -44,9 +30,9 @@ def test_conjugate_regression_streamed_gives_the_exact_posterior(options, batch)
     # exact on a linear model; every Gauss-Newton iterate of the implicit scheme is too
     x, y, mean, covariance, _ = conjugate_problem(num_data=30)
     model = linear_bnn(x)
-    fn = _stream(RVGA(model, init_loc=_at_prior_mean(x), **options), x, y, batch)
-    assert _relative(fn.loc, mean) < RTOL
-    assert _relative(fn.covariance_matrix, covariance) < RTOL
+    fn = stream(RVGA(model, init_loc=at_prior_mean(x), **options), x, y, batch)
+    assert relative_error(fn.loc, mean) < RTOL
+    assert relative_error(fn.covariance_matrix, covariance) < RTOL
 
 
 def test_update_is_bayes_rule_on_both_of_its_paths():
@@ -86,9 +72,9 @@ def test_a_low_rank_posterior_is_continued_exactly():
             x[:15], y[:15], torch.zeros(4, dtype=torch.float64), torch.eye(4, dtype=torch.float64)
         )[:2],
     )
-    fn = _stream(RVGA(model, start, linearised=True), x[15:], y[15:], 5)
-    assert _relative(fn.loc, mean) < RTOL
-    assert _relative(fn.covariance_matrix, covariance) < RTOL
+    fn = stream(RVGA(model, start, linearised=True), x[15:], y[15:], 5)
+    assert relative_error(fn.loc, mean) < RTOL
+    assert relative_error(fn.covariance_matrix, covariance) < RTOL
 
 
 def test_its_own_guide_must_be_full_rank():
