@@ -23,8 +23,12 @@ requires_glibc = pytest.mark.skipif(_heap._glibc() is None, reason="needs glibc'
 # 256 MiB, more than the heap holds free: mapped on their own again, as before.
 _FAULTS = textwrap.dedent(
     """
-    import json, resource, torch
+    import ctypes, json, resource, torch
     from pyro_bbb._heap import kept_heap
+
+    # pages of 4 KiB whatever the machine's transparent huge pages (PR_SET_THP_DISABLE = 41):
+    # the counts below are one fault per page touched
+    ctypes.CDLL(None, use_errno=True).prctl(41, 1, 0, 0, 0)
 
     def faults(numbers):
         before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
