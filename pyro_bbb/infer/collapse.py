@@ -39,9 +39,10 @@ import pyro.distributions as dist
 import pyro.poutine as poutine
 import torch
 from pyro.infer.autoguide import AutoNormal
-from torch.distributions import Independent, Normal, kl_divergence
+from torch.distributions import Normal, kl_divergence
 
 from .._devices import cuda_devices
+from .._support import independent_base
 from ..nn.draws import kept_buffers
 from ..nn.layers import BayesianLayer
 from ..priors.gaussian_block import SiteConditional
@@ -119,13 +120,6 @@ def _priors(model, *data: torch.Tensor) -> dict[str, dict]:
     }
 
 
-def _unwrapped(prior):
-    """The distribution under any ``Independent`` wrappers."""
-    while isinstance(prior, Independent):
-        prior = prior.base_dist
-    return prior
-
-
 def _gaussian_marginals(prior, shape: torch.Size) -> tuple[torch.Tensor, torch.Tensor] | None:
     """Each value's marginal ``(loc, scale)`` under a Gaussian prior, or ``None``.
 
@@ -133,7 +127,7 @@ def _gaussian_marginals(prior, shape: torch.Size) -> tuple[torch.Tensor, torch.T
     precision-form guide) is conditioned on the block's earlier sites; its values' marginals
     come from the block.
     """
-    base = _unwrapped(prior)
+    base = independent_base(prior)
     if type(base) in (Normal, dist.Normal):
         return base.loc.expand(shape), base.scale.expand(shape)
     if isinstance(base, SiteConditional):
@@ -159,7 +153,7 @@ def _elementwise_kl(loc, scale, prior) -> torch.Tensor:
         return _gaussian_kl(loc, scale, *marginal)
     q = dist.Normal(loc, scale)
     draws = q.sample((_MC_DRAWS,))
-    return (q.log_prob(draws) - _unwrapped(prior).expand(loc.shape).log_prob(draws)).mean(0)
+    return (q.log_prob(draws) - independent_base(prior).expand(loc.shape).log_prob(draws)).mean(0)
 
 
 @torch.no_grad()

@@ -12,10 +12,9 @@ ensemble's members; defined below every side, which all need it).
 from __future__ import annotations
 
 import pyro.distributions as dist
-import torch
 
 from .._plates import model_in_plates
-from .._support import base_support, is_real_valued
+from .._support import base_support, independent_base, is_real_valued
 
 __all__ = [
     "BLOCK_KEY",
@@ -43,6 +42,4 @@ def is_point_mass(fn: object) -> bool:
     That is a point estimate, or a guide's slice of a block drawn at another site: it draws
     nothing and has no density of its own.
     """
-    while isinstance(fn, torch.distributions.Independent):
-        fn = fn.base_dist
-    return isinstance(fn, dist.Delta)
+    return isinstance(independent_base(fn), dist.Delta)

@@ -33,6 +33,7 @@ from torch.func import vjp, vmap
 
 from .._devices import cuda_devices
 from .._pyro_compat import run_context, set_cached_value
+from .._support import independent_base
 from ..model import BNN
 
 __all__ = [
@@ -180,9 +181,7 @@ def gaussian_prior(
     Raises:
         ValueError: If the prior is not a Normal with independent values.
     """
-    base = fn
-    while isinstance(base, torch.distributions.Independent):
-        base = base.base_dist
+    base = independent_base(fn)
     if not isinstance(base, torch.distributions.Normal):
         raise ValueError(
             f"site {name!r} has a {type(base).__name__} prior; the online updaters start from "

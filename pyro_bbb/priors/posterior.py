@@ -31,7 +31,7 @@ import pyro.distributions as dist
 import torch
 
 from .._pyro_compat import pyro_name
-from .._support import base_support, is_real_valued
+from .._support import base_support, independent_base, is_real_valued
 from .gaussian_block import GaussianBlock, SiteConditional
 from .precision_block import PrecisionBlock
 from .precision_normal import LowRankPrecisionNormal
@@ -246,9 +246,7 @@ def _relative(site: str, prefix: str) -> str:
 
 
 def _normal_parts(site: str, fn: dist.TorchDistribution) -> tuple[torch.Tensor, torch.Tensor]:
-    base = fn
-    while isinstance(base, torch.distributions.Independent):
-        base = base.base_dist
+    base = independent_base(fn)
     if not isinstance(base, torch.distributions.Normal):
         raise ValueError(
             f"from_guide: the posterior of site {site!r} is a {type(fn).__name__}, not a "
