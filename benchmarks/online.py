@@ -449,7 +449,7 @@ def learn_digits(method, x, y, split, seed):
     """Fit one method on the stream; returns its test prediction and CPU seconds."""
     model = digits_model(len(x), seed)
     if method.startswith("batch fit"):
-        guide, seconds = batch_fit(model, x, y, seed=seed)
+        guide, seconds = batch_fit(model, x, y, epochs=100, seed=seed)
         return bbb.predict(model, guide, split.x_test, num_samples=100, seed=0), seconds
     if method.startswith("streaming VCL"):
         with warnings.catch_warnings():
