@@ -407,10 +407,10 @@ def test_keeping_the_heap_changes_nothing_in_the_fit(monkeypatch):
         assert torch.equal(value, fits["1"][2][name]), name
 
 
-def test_fit_keeps_the_heap_while_its_epochs_run_on_the_cpu(monkeypatch):
+def _heap_depths(**options):
+    """How many holders kept the heap at the end of each epoch of a fit."""
     from pyro_bbb import _heap
 
-    monkeypatch.delenv("PYRO_BBB_KEEP_HEAP", raising=False)
     held = []
 
     class Holding(Callback):
@@ -419,7 +419,15 @@ def test_fit_keeps_the_heap_while_its_epochs_run_on_the_cpu(monkeypatch):
 
     x, y = _data()
     model, guide = _setup()
-    fit(model, guide, x, y, epochs=2, callbacks=[Holding()], progress=False)
+    fit(model, guide, x, y, callbacks=[Holding()], progress=False, **options)
+    return held
+
+
+def test_fit_keeps_the_heap_while_its_epochs_run_on_the_cpu(monkeypatch):
+    from pyro_bbb import _heap
+
+    monkeypatch.delenv("PYRO_BBB_KEEP_HEAP", raising=False)
+    held = _heap_depths(epochs=2)
     expected = 1 if _heap._glibc() is not None and _heap._wanted() else 0
     assert held == [expected, expected] and _heap._depth == 0
 
@@ -479,18 +487,7 @@ def test_non_finite_kl_term_is_reported_at_its_weight_site():
 @requires_cuda
 @pytest.mark.cuda
 def test_a_fit_on_cuda_leaves_the_hosts_heap_alone():
-    from pyro_bbb import _heap
-
-    held = []
-
-    class Holding(Callback):
-        def on_epoch_end(self, epoch, history):
-            held.append(_heap._depth)
-
-    x, y = _data()
-    model, guide = _setup()
-    fit(model, guide, x, y, epochs=1, device="cuda", callbacks=[Holding()], progress=False)
-    assert held == [0]
+    assert _heap_depths(epochs=1, device="cuda") == [0]
 
 
 @requires_cuda
