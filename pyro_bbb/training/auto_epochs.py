@@ -1,74 +1,88 @@
-r"""An automatic run, ``fit(epochs=None)``: trained until it has converged.
+r"""An automatic run, ``fit(epochs=None)``: trained until more training stops paying.
 
 A fit of fixed length draws β's warm-up and the learning rate's decay over its epochs
 (:mod:`~pyro_bbb.training.run_length`). :class:`AutoEpochs` places them where the run
-actually is, in four stages, each ended by what the per-epoch record shows:
+actually is, in four stages, each ended by what the record shows:
 
-1. ``"fit"``: β = 0, the likelihood alone, until the β = 1 loss (``History.plain_loss``)
-   stops falling over the last half of the stage: the likelihood is fitted, and the scales,
-   which nothing holds at β = 0, start to shrink below the posterior's.
+1. ``"fit"``: β = 0, the likelihood alone, until the stage is done by the run's rule.
 2. ``"warmup"``: β rises linearly from 0 to 1 over half as many epochs as ``"fit"`` took.
-3. ``"train"``: β = 1 at the full rate until the convergence check
-   (:mod:`~pyro_bbb.training.convergence`) passes on the last half of the stage: the β = 1
-   loss no longer falls and its KL part no longer moves.
+3. ``"train"``: β = 1 at the full rate until the stage is done by the run's rule.
 4. ``"decay"``: the rate falls as :math:`1/(1 + t/t_0)`
-   (:class:`~pyro_bbb.training.lr_schedules.InverseTimeDecay`), :math:`t_0` the
-   autocorrelation time of the KL in ``"train"``, towards 0.3 % of ``lr`` (:math:`332 t_0`
-   epochs, at most as many as the run so far), then the run ends.
+   (:class:`~pyro_bbb.training.lr_schedules.InverseTimeDecay`) over a length the rule
+   sets, then the run ends.
 
-Where β reaches 1 the optimiser's running moments are zeroed
-(:func:`~pyro_bbb.training.optimizers.reset_moments`). Adam normalises each step by a
-running mean of squared gradients that forgets with a time constant of
-:math:`1/(1 - \beta_2)` = 1,000 steps; the gradients of the first stages are orders of
-magnitude larger than those near the optimum, and remembered, they shrink the steps for
-thousands of steps more. On a linear regression of 8 features and 1,000 points the
-mean-field scales were still 11 % from their optimum 2,500 full-rate epochs after β reached
-1; with the moments zeroed there, 6 % after 250 (``docs/concepts.md``).
+The rule (:mod:`~pyro_bbb.training.stopping`, ``fit(until=...)``) asks either whether
+further steps still pay (``"predictive"``, the default; it reads scores of the recent
+iterates' average, :mod:`~pyro_bbb.training.scoring`, every few epochs of the tested
+stages) or whether the posterior has stopped moving (``"converged"``, the strict
+convergence check, which also zeroes Adam's moments where β reaches 1: the gradients of
+the first stages, orders of magnitude larger than those near the optimum and remembered
+for :math:`1/(1 - \beta_2)` = 1,000 steps, would shrink its steps for thousands of steps
+more). Rows held out for ``validation=`` join the steps for the decay, so the returned
+guide has seen every row.
 
-The stages are capped so that the run ends by ``max_steps``: ``"fit"`` may take a fifth of
-them, ``"train"`` ends at 70 %, and a stage ended by the cap rather than by its test is
-reported (``fit`` then warns). A constant ``beta`` skips the first two stages; a constant
-``lr_schedule`` skips the decay (the run ends when ``"train"`` does). ``History.stage``
-records each epoch's stage, and every decision is a function of the History, so a resumed
-run continues where the interrupted one was.
+**The budget.** The run ends by ``max_epochs`` (``fit``'s ``max_steps`` in whole epochs;
+by default the larger of 50,000 steps and 100 epochs, so that a large data set gets as many
+passes as a small one gets steps): ``"fit"`` may take a fifth of it, ``"train"`` ends at
+70 %, and a stage the budget ends rather than its test is reported (``fit`` then warns,
+saying what was still moving and what to pass). The stages' least lengths shrink to fit a
+small budget: no budget is too small to run. A ``beta`` other than ``None`` (a number or
+the user's own schedule, followed as given) skips the first two stages; an
+``lr_schedule`` of the user's replaces the decay's rate. ``History.stage`` records each
+epoch's stage and ``History.stopped`` why the run ended; every decision is a function of
+the History, so a resumed run continues where the interrupted one was.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 
 from .._validation import check_int
 from ..infer.schedules import LinearWarmup
 from .convergence import (
-    LOSS_TOLERANCE,
     MIN_WINDOW,
     Convergence,
-    autocorrelation_time,
     check_convergence,
     check_epochs,
-    trend,
+    convergence_warning,
 )
 from .history import History
 from .lr_schedules import InverseTimeDecay
 from .optimizers import reset_moments
+from .stopping import MIN_FIT_SCORES, StopRule, StopsPaying
 
-__all__ = ["MAX_STEPS", "STAGES", "AutoEpochs"]
+__all__ = ["MAX_STEPS", "MIN_EPOCHS", "STAGES", "AutoEpochs", "budget_epochs"]
 
-#: The cap of an automatic run, in optimiser steps, when ``max_steps`` is not given.
+#: The budget of an automatic run, in optimiser steps, when ``max_steps`` is not given ...
 MAX_STEPS = 50_000
-#: Each tested stage runs at least this many steps (and twice :data:`MIN_WINDOW` epochs).
-MIN_STAGE_STEPS = 200
+#: ... or this many epochs, when more.
+MIN_EPOCHS = 100
 #: The warm-up's length as a share of the likelihood-only stage's.
 RAMP_SHARE = 0.5
-#: The factor of ``lr`` the decay falls to, when the epochs before it allow (higher if not).
-DECAY_FLOOR = 0.003
-#: The share of ``max_steps`` the ``"fit"`` stage may take, and where ``"train"`` must end.
+#: The share of the budget the ``"fit"`` stage may take, and where ``"train"`` must end.
 _FIT_CAP, _TRAIN_CAP = 0.2, 0.7
+#: The History's lists of an automatic run's scores.
+_SCORED = ("validation", "averaged_nll", "averaged_kl")
 #: The stages of an automatic run, in order.
 STAGES = ("fit", "warmup", "train", "decay")
+#: What each stage is called in a message.
+_STAGE_NAMES = {
+    "fit": "the likelihood-only stage (beta = 0)",
+    "train": "the stage at beta's final value and the full rate",
+}
+
+
+def budget_epochs(max_steps: int | None, steps_per_epoch: int) -> int:
+    """An automatic run's budget in epochs: ``max_steps`` in whole epochs, at least one.
+
+    ``None`` gives the larger of :data:`MAX_STEPS` steps and :data:`MIN_EPOCHS` epochs.
+    """
+    if max_steps is None:
+        return max(MAX_STEPS // steps_per_epoch, MIN_EPOCHS)
+    return max(1, max_steps // steps_per_epoch)
 
 
 class AutoEpochs:
@@ -80,36 +94,49 @@ class AutoEpochs:
     of the History alone, so a resumed run takes the uninterrupted one's.
 
     Args:
-        steps_per_epoch: Optimiser steps in an epoch.
-        max_steps: The cap on the run's steps.
-        beta: ``None`` for the warm-up stages, or a constant β (no warm-up).
-        decay: Whether the run ends with the rate's decay.
-
-    Raises:
-        ValueError: If ``max_steps`` is too small for the stages' minimum lengths.
+        steps_per_epoch: Optimiser steps in an epoch (of the rows the steps train on).
+        max_epochs: The budget, in epochs (:func:`budget_epochs`).
+        beta: ``None`` for the warm-up stages, or the user's β schedule (a callable of the
+            epoch; a number is a constant), followed as given from the first epoch.
+        decay: Whether the last stage decays the rate (``False``: the user's rate
+            schedule runs throughout).
+        rule: When a tested stage is done (:mod:`~pyro_bbb.training.stopping`).
+        scored: Whether held-out rows are scored (``History.validation``); they are
+            given back for the last stage.
+        every: Score after every ``every``-th epoch (:mod:`~pyro_bbb.training.scoring`).
+        gives_back: Whether the steps train without held-out rows until the last stage.
     """
 
     def __init__(
-        self, steps_per_epoch: int, max_steps: int, *, beta: float | None, decay: bool
+        self,
+        steps_per_epoch: int,
+        max_epochs: int,
+        *,
+        beta: Callable[[float], float] | None,
+        decay: bool,
+        rule: StopRule | None = None,
+        scored: bool = False,
+        every: int = 1,
+        gives_back: bool = False,
     ) -> None:
         self.steps_per_epoch = check_int("steps_per_epoch", steps_per_epoch)
-        self.max_steps = check_int("max_steps", max_steps)
-        #: The fewest epochs of a tested stage.
-        self.min_stage = max(2 * MIN_WINDOW, math.ceil(MIN_STAGE_STEPS / steps_per_epoch))
-        self.max_epochs = max_steps // steps_per_epoch
-        smallest = (4 if beta is None else 2) * self.min_stage
-        if self.max_epochs < smallest:
-            raise ValueError(
-                f"max_steps={max_steps} allows {self.max_epochs} epoch(s) of {steps_per_epoch} "
-                f"step(s); an automatic run needs at least {smallest * steps_per_epoch} steps "
-                f"({smallest} epochs, {self.min_stage} a stage)"
-            )
-        self.constant_beta, self.decay = beta, decay
+        self.max_epochs = check_int("max_epochs", max_epochs)
+        self.rule = StopsPaying() if rule is None else rule
+        self.scored, self.every = scored, check_int("every", every)
+        self.gives_back = gives_back
+        least = math.ceil(self.rule.min_stage_steps / steps_per_epoch)
+        if self.rule.reads_scores:
+            least = max(least, MIN_FIT_SCORES * every)
+        else:
+            least = max(least, 2 * MIN_WINDOW)
+        #: The fewest epochs of a tested stage: shorter when the budget is small.
+        self.min_stage = max(1, min(least, max_epochs // 8))
+        self.user_beta, self.decay = beta, decay
         #: The first epoch of each stage reached so far.
         self.starts: dict[str, int] = {"fit" if beta is None else "train": 0}
         #: The epoch after the last, once known.
         self.end: int | None = None
-        #: The stage the cap ended rather than its test, or ``None``.
+        #: The stage the budget ended rather than its test, or ``None``.
         self.forced: str | None = None
         self.finished = False
         self._warmup: LinearWarmup | None = None
@@ -126,19 +153,40 @@ class AutoEpochs:
         return max((s for s, e in self.starts.items() if e <= epoch), key=self.starts.__getitem__)
 
     def beta(self, t: float) -> float:
-        """β at epoch ``t``: 0 in ``"fit"``, rising in ``"warmup"``, then 1 (or the constant)."""
-        if self.constant_beta is not None:
-            return self.constant_beta
+        """β at epoch ``t``: 0 in ``"fit"``, rising in ``"warmup"``, then 1 (or the user's)."""
+        if self.user_beta is not None:
+            return self.user_beta(t)
         return 0.0 if self._warmup is None else self._warmup(t)
 
     def rate(self, t: float) -> float:
-        """The learning-rate factor at epoch ``t``: 1, then the decay (:meth:`_decay_plan`)."""
+        """The learning-rate factor at epoch ``t``: 1, then the decay."""
         return 1.0 if self._decay is None else self._decay(t)
+
+    def holds_out(self, epoch: int) -> bool:
+        """Whether epoch ``epoch`` trains without the held-out rows (all but the last stage)."""
+        return self.gives_back and self.stage(epoch) != "decay"
+
+    def averages(self, epoch: int) -> bool:
+        """Whether the scores' iterate average takes in epoch ``epoch`` (a tested stage)."""
+        return self.rule.reads_scores and self.stage(epoch) in ("fit", "train")
+
+    def reads(self, epoch: int) -> frozenset[str]:
+        """What is scored after epoch ``epoch``: ``"fit"``, ``"validation"`` or nothing.
+
+        The likelihood-only stage reads the ELBO's parts on a sample of the training rows,
+        the full-rate stage the held-out rows (the same sample where none are held out),
+        every :attr:`every` epochs (:mod:`~pyro_bbb.training.scoring`).
+        """
+        if not self.averages(epoch) or (epoch + 1 - self.starts[self.stage(epoch)]) % self.every:
+            return frozenset()
+        if self.stage(epoch) == "fit" or not self.scored:
+            return frozenset({"fit"})
+        return frozenset({"validation"})
 
     # ---------------------------------------------------------------- the run
     @property
     def total(self) -> int | None:
-        """The run's length in epochs, once the decay has begun (or the run has ended)."""
+        """The run's length in epochs, once the last stage has begun."""
         return self.end
 
     def run(self, start: int) -> Iterator[int]:
@@ -156,60 +204,71 @@ class AutoEpochs:
         """
         done = len(history)
         stage = self.current
-        length = done - self.starts[stage]
-        if stage == "fit":
-            capped = done >= _FIT_CAP * self.max_epochs
-            if capped or (_due(length, self.min_stage) and _settled_fit(history, done, length)):
-                self._begin("warmup", history, optimizer)
-        elif stage == "warmup":
-            if length >= self._warmup.warmup:
-                self._begin("train", history, optimizer)
-        elif stage == "train":
-            capped = done >= _TRAIN_CAP * self.max_epochs
-            if capped or (_due(length, self.min_stage) and _settled(history, done, length)):
-                self._begin("decay" if self.decay else "end", history, optimizer)
+        start = self.starts[stage]
+        after = {"fit": "warmup", "warmup": "train", "train": self._last_stage()}.get(stage)
+        if after is not None and self._stage_over(history, stage, start):
+            self._begin(after, history, optimizer)
+        if done >= self.max_epochs and (self.end is None or self.end > done):
+            self.forced = self.forced or self._unfinished()
+            self.end = done  # the budget is spent, whatever stage the run was in
         self.finished = self.end is not None and done >= self.end
+
+    def _stage_over(self, history: History, stage: str, start: int) -> bool:
+        """Whether ``stage``, begun at ``start``, ends after the last epoch of ``history``."""
+        done = len(history)
+        if stage == "warmup":
+            return done - start >= self._warmup.warmup
+        cap = _FIT_CAP if stage == "fit" else _TRAIN_CAP
+        return self._done(history, stage, start) or done >= cap * self.max_epochs
+
+    def _last_stage(self) -> str:
+        """``"decay"`` where the rate decays or held-out rows are given back, else ``"end"``."""
+        return "decay" if self.decay or self.gives_back else "end"
+
+    def _unfinished(self) -> str:
+        """The tested stage a spent budget leaves unfinished (``"train"`` once begun)."""
+        return "train" if "train" in self.starts else "fit"
+
+    def _done(self, history: History, stage: str, start: int) -> bool:
+        """Whether the rule ends the stage now: long enough, just scored, and done."""
+        done = len(history)
+        if done - start < self.min_stage or not self.rule.due(done - start):
+            return False
+        if self.rule.reads_scores and not self.reads(done - 1):
+            return False
+        return self.rule.judge(history, stage, start, done, self.scored).done
 
     def _begin(self, stage: str, history: History, optimizer: torch.optim.Optimizer | None) -> None:
         self.starts[stage] = len(history)
         self._place(stage, history)
-        if optimizer is not None and stage == "train":
+        if optimizer is not None and stage == "train" and self.rule.resets_moments:
             reset_moments(optimizer)
 
     def _place(self, stage: str, history: History) -> None:
-        """Fix the schedules and the end the start of ``stage`` decides."""
+        """Fix the schedules and the end the start of ``stage`` decides.
+
+        ``history`` holds the epochs before the stage (a resumed run passes that part).
+        """
         start = self.starts[stage]
         if stage == "warmup":
             ramp = max(self.min_stage, round(RAMP_SHARE * (start - self.starts["fit"])))
             self._warmup = LinearWarmup(ramp, delay=start)
-            if start >= _FIT_CAP * self.max_epochs:
-                self.forced = self.forced or "the likelihood-only stage (beta = 0)"
+            self._note_budget(history, "fit", _FIT_CAP)
         elif stage in ("decay", "end"):
-            if start >= _TRAIN_CAP * self.max_epochs:
-                self.forced = self.forced or "the stage at beta's final value and the full rate"
+            self._note_budget(history, "train", _TRAIN_CAP)
             self.end = start
         if stage == "decay":
-            length, floor = self._decay_plan(start, history)
+            length, floor = self.rule.decay_plan(history, self.starts["train"], start)
             self.end = min(start + length, max(self.max_epochs, start + 1))
-            self._decay = InverseTimeDecay(self.end, start=start / self.end, floor=floor)
+            if self.decay:
+                self._decay = InverseTimeDecay(self.end, start=start / self.end, floor=floor)
 
-    def _decay_plan(self, start: int, history: History) -> tuple[int, float]:
-        r"""The decay's length and floor, from how slowly the full-rate stage wandered.
-
-        The rate :math:`1/(1 + t/t_0)` lets the parameters follow it down, each rate long
-        enough for them to settle there, when :math:`t_0` is at least the time they take to
-        forget where they were: the autocorrelation time :math:`\tau` of the KL over the last
-        half of ``"train"``. Falling to :data:`DECAY_FLOOR` (0.3 %) then takes
-        :math:`332\tau`; faster, they freeze wherever the fall finds them (the error a decay
-        that is too short leaves). The decay takes that long, at most as many epochs as the
-        run so far, and when shorter it stops at the floor :math:`\tau/(\tau +
-        \text{length})`, which keeps :math:`t_0 = \tau`.
-        """
-        train = self.starts["train"]
-        window = history.kl[start - (start - train) // 2 : start]
-        tau = autocorrelation_time(window) if len(window) >= MIN_WINDOW else 1.0
-        length = max(self.min_stage, min(math.ceil(tau * (1 / DECAY_FLOOR - 1)), start))
-        return length, max(DECAY_FLOOR, tau / (tau + length))
+    def _note_budget(self, history: History, stage: str, cap: float) -> None:
+        """Record that the budget, not the rule, ended ``stage`` (at ``len(history)``)."""
+        if len(history) >= cap * self.max_epochs and not self._done(
+            history, stage, self.starts[stage]
+        ):
+            self.forced = self.forced or stage
 
     # ---------------------------------------------------------------- resuming
     def restore(self, history: History) -> None:
@@ -229,39 +288,69 @@ class AutoEpochs:
         for epoch, stage in enumerate(history.stage):
             if stage not in self.starts:
                 self.starts[stage] = epoch
-                self._place(stage, history)
+                self._place(stage, _first(history, epoch))
         self.after_epoch(history, None)
 
-    def convergence(self, history: History) -> Convergence:
-        """The convergence check of the finished run.
+    # ---------------------------------------------------------------- the end
+    def stopped(self, history: History) -> str:
+        """Why the run ended, in a sentence or two (``History.stopped``)."""
+        train = self.starts.get("train")
+        after = self.starts.get("decay", self.starts.get("end"))
+        if self.forced is not None:
+            stage = self.forced
+            start = self.starts[stage]
+            end = self.starts.get("warmup" if stage == "fit" else "decay", len(history))
+            moving = self.rule.judge(history, stage, start, end, self.scored).found
+            steps = self.max_epochs * self.steps_per_epoch
+            return (
+                f"the budget of {self.max_epochs:,} epochs ({steps:,} steps) ended "
+                f"{_STAGE_NAMES[stage]} before its test passed: {moving}; pass "
+                f"max_steps={2 * steps:,} to give it more"
+            )
+        if train is None or after is None:
+            return f"stopped during the {self.stage(len(history) - 1)!r} stage"
+        ended = self.rule.judge(history, "train", train, after, self.scored).found
+        last = len(history) - after
+        if not last:
+            return f"ended when {ended}"
+        rows = "on every row, the held-out ones given back" if self.gives_back else "on every row"
+        rate = "the rate decayed" if self._decay is not None else "it trained on"
+        return f"ended when {ended}; then {rate} over {last:,} epochs {rows}"
 
-        The last half of the ``"train"`` stage, as its test read it; a stage ended by the
-        cap fails with what to change. A run stopped before its ``"train"`` stage ended (a
-        callback) is checked as a fixed one.
+    def warning(self, history: History) -> str | None:
+        """What to warn of at the end, or ``None``.
+
+        Under ``until="predictive"`` the run's own test decides when it is done, and only a
+        budget that ended it first is warned of; under ``until="converged"`` the strict
+        check's failure is.
+        """
+        if isinstance(self.rule, StopsPaying):
+            return None if self.forced is None else f"fit stopped at its budget: {history.stopped}"
+        if self.forced is not None:
+            return f"fit did not converge: {history.stopped}"
+        return convergence_warning(history.convergence)
+
+    def convergence(self, history: History) -> Convergence:
+        """The strict convergence check of the finished run.
+
+        The last half of the ``"train"`` stage; a stage the budget ended fails with the
+        budget's message; a run stopped before its ``"train"`` stage ended (a callback) is
+        checked as a fixed one.
         """
         if self.forced is not None:
-            return Convergence(
-                False, None, None, None,
-                f"max_steps={self.max_steps:,} ended {self.forced} before its test passed; "
-                "raise max_steps, or lr if the loss was still falling steadily",
-            )  # fmt: skip
+            return Convergence(False, None, None, None, self.stopped(history))
         train, after = self.starts.get("train"), self.starts.get("decay", self.starts.get("end"))
-        if train is None or after is None:
+        if train is None or after is None or after - train < MIN_WINDOW:
             return check_convergence(history)
-        return check_epochs(history, after - (after - train) // 2, after - 1)
+        first = min(after - (after - train) // 2, after - MIN_WINDOW)
+        return check_epochs(history, first, after - 1)
 
 
-def _due(length: int, min_stage: int) -> bool:
-    """Whether a stage of ``length`` epochs is tested: once long enough, then every 5 %."""
-    return length >= min_stage and length % max(1, length // 20) == 0
-
-
-def _settled_fit(history: History, done: int, length: int) -> bool:
-    """Whether the β = 1 loss stopped falling over the last half of the likelihood-only stage."""
-    fall = trend(history.plain_loss[done - length // 2 : done]).fall_bound()
-    return fall < LOSS_TOLERANCE * history.num_data
-
-
-def _settled(history: History, done: int, length: int) -> bool:
-    """Whether the convergence check passes on the last half of the stage."""
-    return check_epochs(history, done - length // 2, done - 1).converged
+def _first(history: History, epochs: int) -> History:
+    """The History of the first ``epochs`` epochs (what a stage's start was decided on)."""
+    if len(history) == epochs:
+        return history
+    part = History(num_data=history.num_data, held_out=history.held_out)
+    for name in (*_SCORED, "loss", "nll", "kl", "beta", "lr", "stage"):
+        setattr(part, name, getattr(history, name)[:epochs])
+    return part

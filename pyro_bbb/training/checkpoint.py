@@ -10,7 +10,8 @@ have taken:
 * the optimiser's state (moments, step counts, hyperparameters) and a torch learning-rate
   scheduler's;
 * the :class:`~pyro_bbb.History` so far, whose length is the number of epochs done (β's
-  schedule is a function of the epoch, so it continues where it stopped);
+  schedule is a function of the epoch, so it continues where it stopped), and what an
+  automatic run's held-out scores read (the recent iterates' average);
 * every random state: torch's (and CUDA's), Python's and NumPy's of each process, and the
   seed of the minibatch order (:func:`~pyro_bbb.training.minibatches.epoch_order`);
 * the options that decide which steps are taken (:func:`fit_options`: ``batch_size``,
@@ -52,13 +53,15 @@ def fit_options(
     num_particles: int,
     reparam: str | None,
     epochs: int | None,
+    until: str = "predictive",
+    validation: float = 0.0,
 ) -> dict[str, Any]:
     """The options of :func:`~pyro_bbb.fit` that a resume must repeat to be bit-identical.
 
     Each changes the steps taken: the minibatches (``batch_size``, ``shuffle``), the Monte
     Carlo draws (``num_particles``), the gradient estimator (``reparam``) or who decides the
-    run's length (``automatic``, only in a run of ``epochs=None``, whose stages a fixed run
-    cannot follow). For a
+    run's length (``automatic``, the rule of a run of ``epochs=None``, whose stages a fixed
+    run cannot follow, and ``validation``, the share of rows it holds out). For a
     ``DataLoader`` the batch size is the loader's, and its order is its own (``shuffle`` is
     ``None``).
 
@@ -74,7 +77,8 @@ def fit_options(
         "reparam": reparam,
     }
     if epochs is None:  # a fixed run's checkpoint is as it was before automatic runs
-        options["automatic"] = True
+        options["automatic"] = until
+        options["validation"] = validation
     return options
 
 
@@ -92,6 +96,8 @@ class FitState:
         order_seed: The seed of the minibatch order (``None`` for a ``DataLoader``).
         inputs: One minibatch ``(x, y)``, whose shapes :func:`~pyro_bbb.load` rebuilds.
         lr_schedule: The learning-rate schedule (a torch scheduler's state is saved).
+        average: What an automatic run's scores read, the recent iterates' average
+            (:class:`~pyro_bbb.training.scoring.IterateAverage`), or ``None``.
     """
 
     model: Any
@@ -103,6 +109,7 @@ class FitState:
     order_seed: int | None
     inputs: tuple
     lr_schedule: LRSchedule | None = None
+    average: Any = None
 
     def trainable_names(self) -> list[str]:
         """The names of the optimiser's parameters, in its order."""
@@ -227,6 +234,8 @@ class Checkpointing:
         state.optimizer.load_state_dict(payload["optimizer"])
         if state.lr_schedule is not None:
             state.lr_schedule.load_state_dict(payload.get("lr_schedule", {}))
+        if state.average is not None:
+            state.average.load_state_dict(payload.get("iterate_average", {}))
         for name, values in payload["history"].items():
             if name != "num_data":
                 setattr(state.history, name, list(values))
@@ -234,6 +243,9 @@ class Checkpointing:
         state.history.lr[:0] = [math.nan] * missing
         missing = len(state.history.loss) - len(state.history.stage)  # before History.stage
         state.history.stage[:0] = [""] * missing
+        for name in ("validation", "averaged_nll", "averaged_kl"):  # before runs were scored
+            values = getattr(state.history, name)
+            values[:0] = [math.nan] * (len(state.history.loss) - len(values))
         set_rng_state(payload["rng"][rank])
 
     def after_epoch(self, state: FitState, parallel: DataParallel, *, final: bool) -> None:
@@ -257,6 +269,7 @@ class Checkpointing:
             "optimizer_class": type(state.optimizer).__name__,
             "optimizer": state.optimizer.state_dict(),
             "lr_schedule": {} if state.lr_schedule is None else state.lr_schedule.state_dict(),
+            "iterate_average": {} if state.average is None else state.average.state_dict(),
             "history": history,
             "order_seed": state.order_seed,
             "world_size": world_size,

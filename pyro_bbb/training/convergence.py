@@ -51,6 +51,7 @@ __all__ = [
     "autocorrelation_time",
     "check_convergence",
     "check_epochs",
+    "convergence_warning",
     "trend",
     "warn_if_not_converged",
 ]
@@ -297,14 +298,16 @@ _ADVICE = (
 )
 
 
+def convergence_warning(convergence: Convergence) -> str | None:
+    """The message to warn with when the check failed, else ``None``."""
+    return None if convergence.converged else f"fit did not converge: {convergence.message}"
+
+
 def warn_if_not_converged(convergence: Convergence, *, stacklevel: int = 2) -> None:
     """Warn with :class:`ConvergenceWarning` and the check's message if it failed."""
-    if not convergence.converged:
-        warnings.warn(
-            f"fit did not converge: {convergence.message}",
-            ConvergenceWarning,
-            stacklevel=stacklevel + 1,
-        )
+    message = convergence_warning(convergence)
+    if message is not None:
+        warnings.warn(message, ConvergenceWarning, stacklevel=stacklevel + 1)
 
 
 def _final_beta_start(history: History) -> int:

@@ -37,9 +37,20 @@ class History:
         stage: The stage of an automatic run (``fit(epochs=None)``) each epoch was in:
             ``"fit"`` (β = 0), ``"warmup"``, ``"train"`` (full rate) or ``"decay"``; ``""``
             in a run of fixed length.
+        validation: The log predictive density of the held-out rows after each epoch, in
+            nats a row, of the recent iterates' average (:mod:`~pyro_bbb.training.scoring`),
+            where an automatic run scored them; ``nan`` where not.
+        averaged_nll: The expected negative log-likelihood per data point of the recent
+            iterates' average, on a fixed sample of the training rows, where an automatic
+            run scored it (:mod:`~pyro_bbb.training.scoring`); ``nan`` where not.
+        averaged_kl: Its KL per data point, read with ``averaged_nll``; their sum is the
+            average's β = 1 loss per data point.
         num_data: Number of training points ``N``.
         num_particles: Weight samples per step (what ``fit``'s ``num_particles=None``
             resolved to, or the number passed).
+        held_out: Rows an automatic run held out to score (``validation``), given back
+            for its last stage; 0 when none.
+        stopped: Why the run ended, in a sentence or two (``""`` until it has).
         draws: How several weight draws reach the network: broadcast through its layers,
             or around it once per draw, vectorised by ``torch.func.vmap`` or one after
             another (see :mod:`pyro_bbb.nn.draws`); decided at the fit's set-up.
@@ -51,6 +62,8 @@ class History:
     num_data: int
     num_particles: int = 1
     draws: str = ""
+    held_out: int = 0
+    stopped: str = ""
     loss: list[float] = field(default_factory=list)
     loss_per_datum: list[float] = field(default_factory=list)
     nll: list[float] = field(default_factory=list)
@@ -61,6 +74,9 @@ class History:
     steps: list[int] = field(default_factory=list)
     collapsed: list[float] = field(default_factory=list)
     stage: list[str] = field(default_factory=list)
+    validation: list[float] = field(default_factory=list)
+    averaged_nll: list[float] = field(default_factory=list)
+    averaged_kl: list[float] = field(default_factory=list)
     convergence: Convergence | None = None
 
     def __len__(self) -> int:
@@ -89,7 +105,7 @@ class History:
         """The per-epoch lists by name (e.g. for a ``pandas.DataFrame``)."""
         names = (
             "loss", "loss_per_datum", "nll", "kl", "beta", "lr", "seconds", "steps", "collapsed",
-            "stage",
+            "stage", "validation", "averaged_nll", "averaged_kl",
         )  # fmt: skip
         return {name: list(getattr(self, name)) for name in names}
 

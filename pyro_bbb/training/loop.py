@@ -15,8 +15,10 @@ the run's length (:mod:`~pyro_bbb.training.run_length`), the convergence check
 
 from __future__ import annotations
 
+import math
 import os
 import sys
+import warnings
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
 from typing import Any
@@ -39,14 +41,16 @@ from ..nn.draws import describe_draws, settle_draws
 from .callbacks import Callback
 from .captured import static_steps
 from .checkpoint import Checkpointing, FitState, fit_options
-from .convergence import warn_if_not_converged
+from .convergence import ConvergenceWarning
 from .distributed import DataParallel, data_parallel
+from .held_out import check_validation, held_out_fraction, held_out_split
 from .history import History
 from .lr_schedules import LRSchedule, LRScheduleLike
 from .minibatches import Batches, check_likelihood_scale, make_batches
 from .optimizers import OptimizerSpec, make_optimizer
 from .particles import default_num_particles, draw_size
 from .run_length import RunLength, check_automatic, run_length
+from .scoring import SAMPLE_ROWS, SampleFit, Scores, held_out_score, score_every
 from .steps import EpochRecord, Steps
 
 __all__ = ["fit"]
@@ -75,6 +79,8 @@ def fit(
     checkpoint_every: int | None = None,
     resume: str | os.PathLike | None = None,
     max_steps: int | None = None,
+    until: str | None = None,
+    validation: float | tuple[torch.Tensor, torch.Tensor] | None = None,
     cuda_graph: bool | None = None,
 ) -> History:
     r"""Train a guide (and the model's point-estimated parameters) by maximising the ELBO.
@@ -113,15 +119,23 @@ def fit(
     nothing on other C libraries or when glibc's malloc is configured through the
     environment (``docs/performance.md`` has the details and figures).
 
-    **How long.** ``epochs=None`` (the default) trains until the fit has converged
-    (:mod:`~pyro_bbb.training.auto_epochs`): β = 0 until the β = 1 loss stops falling, a
-    warm-up over half that time, the full rate until the convergence check passes, then the
-    rate's decay, within ``max_steps``; ``History.stage`` records each epoch's stage and
-    ``len(history)`` the run's length. ``epochs=E`` runs ``E`` epochs with β's warm-up and
-    the rate's decay drawn over them, as before. Either way the fit ends with the
-    convergence check (:mod:`~pyro_bbb.training.convergence`: the β = 1 loss no longer falls
-    and its KL part no longer moves where the rate was at its height), recorded as
-    ``History.convergence``.
+    **How long.** ``epochs=None`` (the default) trains until more training stops paying
+    (:mod:`~pyro_bbb.training.auto_epochs`, :mod:`~pyro_bbb.training.stopping`): β = 0
+    while fitting the likelihood still lowers the β = 1 loss, a warm-up over half that
+    time, the full rate while the fit to the data (or the held-out rows' log-likelihood)
+    still improves, then the rate's decay over three sevenths of the run before it. Its
+    scores are read every few epochs from the average of the recent iterates
+    (:mod:`~pyro_bbb.training.scoring`), without touching the steps' random numbers.
+    ``History.stage`` records each epoch's stage and ``History.stopped`` why the run ended.
+    ``until="converged"`` asks the strict question instead: the full rate until the
+    posterior has stopped moving (the convergence check), for a posterior compared with
+    NUTS or carried to the next task as a prior; on a network that can take tens of
+    thousands of steps. ``epochs=E`` runs ``E`` epochs with β's warm-up and the rate's decay
+    drawn over them, as before. Every fit ends with the convergence check
+    (:mod:`~pyro_bbb.training.convergence`: the β = 1 loss no longer falls and its KL part
+    no longer moves where the rate was at its height), recorded as ``History.convergence``;
+    a fixed run and a strict one warn when it fails, a default run only when its budget
+    ended it.
 
     **Checkpoints.** ``checkpoint=PATH`` writes, atomically, every ``checkpoint_every``
     epochs and at the end, what a bit-identical resume needs: parameters, optimiser state,
@@ -137,9 +151,10 @@ def fit(
         x: Features ``(N, *features)``, or a ``DataLoader`` yielding ``(x, y)`` batches (then
             ``y`` must be ``None`` and ``batch_size``/``shuffle`` are the loader's).
         y: Targets ``(N,)`` or ``(N, dim)``.
-        epochs: Passes over the data; ``None`` (the default) trains until the convergence
-            check passes, at most ``max_steps`` optimiser steps (a few thousand full-batch
-            epochs on a small problem; see :mod:`~pyro_bbb.training.auto_epochs`).
+        epochs: Passes over the data; ``None`` (the default) trains until more training
+            stops paying (``until``), within ``max_steps``: on a small network a few
+            thousand full-batch epochs (seconds), on 4,000 images in minibatches of 128 about
+            fifty epochs; the table in ``docs/concepts.md`` has what it cost and bought.
         batch_size: Minibatch size ``B`` per process; ``None`` for the full batch (the
             process's whole share of the data).
         lr: Learning rate of the default Adam optimiser.
@@ -157,8 +172,8 @@ def fit(
             last epoch (:class:`~pyro_bbb.training.lr_schedules.InverseTimeDecay`): with one
             weight sample per step the posterior's scales settle only once the rate falls.
             Like ``beta`` it is drawn over ``epochs``; with ``epochs=None`` the decay starts
-            where the check passes, and a number (a constant factor) ends the run there
-            instead. The rate of each epoch is in ``History.lr``.
+            where the full-rate stage ends, and a schedule of your own is followed as given
+            throughout instead. The rate of each epoch is in ``History.lr``.
         beta: KL weight: a number, a :mod:`~pyro_bbb.infer.schedules` schedule
             (``LinearWarmup(20)``, ``SigmoidWarmup(...)``, ``CyclicalAnnealing(...)``) or any
             callable of the epoch. ``None`` (the default) fits the likelihood first:
@@ -167,8 +182,9 @@ def fit(
             started wide from settling at the prior on small data. It is drawn over
             ``epochs``: a fit resumed with other ``epochs`` follows another schedule, so pass
             one explicitly to extend a run; with ``epochs=None`` the warm-up is placed where
-            the run is, and only ``None`` or a number is taken. Pass ``beta=1.0`` for the
-            plain ELBO throughout, e.g. to continue a fit.
+            the run is, and a number or a schedule of your own (``LinearWarmup(20)``) is
+            followed as given from the first epoch. Pass ``beta=1.0`` for the plain ELBO
+            throughout, e.g. to continue a fit.
         num_particles: Weight samples per step, vectorised over a leading dim. ``None``
             (the default) takes as many as keep a step's drawn weights times minibatch rows,
             over all samples, within 262,144, between 1 and 8
@@ -215,17 +231,33 @@ def fit(
             step on static buffers, uncaptured: slower, there to be checked). The first
             three steps run eagerly while the graph is set up
             (:mod:`~pyro_bbb.training.captured`).
-        max_steps: The cap of an automatic run (``epochs=None``), in optimiser steps;
-            ``None`` for 50,000. A stage the cap ends before its test passed is reported.
+        max_steps: The budget of an automatic run (``epochs=None``), in optimiser steps
+            (in whole epochs, at least one); ``None`` for the larger of 50,000 steps and 100
+            epochs, so that a large data set gets as many passes as a small one gets steps.
+            The stages' least lengths shrink to fit a small budget; a run the budget ends
+            says so once (``ConvergenceWarning``), naming what was still moving and the
+            ``max_steps`` to pass.
+        until: When an automatic run (``epochs=None``) is done: ``"predictive"`` (the
+            default, ``None``) when further steps stop improving the fit to the data (or
+            the held-out rows' log-likelihood, see ``validation``); ``"converged"`` when
+            the posterior has stopped moving: the strict convergence check, the question
+            for a posterior compared with NUTS or carried forward as a prior
+            (:mod:`~pyro_bbb.training.stopping`).
+        validation: What an automatic run's full-rate stage reads: ``None`` (the default)
+            the fit to a fixed sample of the training rows; a fraction in (0, 1) of the
+            rows (tensor data of a :class:`~pyro_bbb.BNN`) held out of the steps and scored
+            by their log predictive density, then given back for the decay, so the
+            returned guide has seen every row; or a pair ``(x_val, y_val)`` of your own,
+            scored the same way (nothing held out).
 
     Returns:
         The :class:`History` of the fit.
 
     Warns:
-        ConvergenceWarning: When the fit ends before the convergence check passes (a run
-            too short, or one cut by ``max_steps``); the message says what still moved, by
-            how much, over which epochs, and what to change. ``History.converged`` is
-            ``False`` then.
+        ConvergenceWarning: When a fixed run, or one of ``until="converged"``, ends before
+            the convergence check passes (a run too short), or when a budget ends an
+            automatic run; the message says what still moved, by how much, over which
+            epochs, and what to change. ``History.converged`` is ``False`` then.
         PosteriorCollapseWarning: When training ends with most weights at their prior and the
             predictive mean missing structure in the data (up to 2,048 training points; see
             :mod:`pyro_bbb.infer.collapse`); the message gives the measurements and what to
@@ -234,8 +266,10 @@ def fit(
     Raises:
         ValueError: On bad data (shapes, dtypes, NaN/inf, labels out of range, a data set
             whose size is not the model's ``num_data``), on a model that does not scale a
-            minibatch's log-likelihood by ``N / B``, or on bad options (``max_steps`` with
-            ``epochs``; a ``beta`` or ``lr_schedule`` schedule with ``epochs=None``); a
+            minibatch's log-likelihood by ``N / B``, or on bad options (``max_steps``,
+            ``until`` or ``validation`` with ``epochs``; an ``until`` that is neither
+            ``"predictive"`` nor ``"converged"``; a ``validation`` fraction outside
+            [0, 1)); a
             ``resume`` file that is not a checkpoint, is from another model, was written with
             another ``batch_size``, ``shuffle``, ``num_particles`` or ``reparam`` (the error
             names both values), by a fixed run resumed with ``epochs=None`` or the other way
@@ -252,23 +286,32 @@ def fit(
     check_int("batch_size", batch_size, optional=True)
     check_int("num_particles", num_particles, optional=True)
     check_positive_number("lr", lr)
-    check_automatic(epochs, max_steps, beta, lr_schedule)
+    until = check_automatic(epochs, max_steps, until)
+    check_validation(validation, epochs)
     handler = estimator(reparam)
     parallel = data_parallel()  # a world of one unless torch.distributed is initialised
+    fraction = held_out_fraction(model, x, epochs, until, validation)
     options = fit_options(
         x, batch_size=batch_size, shuffle=shuffle, num_particles=num_particles, reparam=reparam,
-        epochs=epochs,
+        epochs=epochs, until=until, validation=fraction,
     )  # fmt: skip
     saving = Checkpointing(
         checkpoint, checkpoint_every, resume, epochs=epochs, world_size=parallel.world_size,
         options=options,
     )  # fmt: skip
     data_device, seed = _place(model, guide, device, seed, parallel)
+    order_seed = saving.order_seed(seed)
+    rows, held, order_seed = held_out_split(_rows(x), fraction, order_seed)
     batches = make_batches(
         model, x, y, batch_size, shuffle, data_device,
-        seed=saving.order_seed(seed), rank=parallel.rank, world_size=parallel.world_size,
+        seed=order_seed, rank=parallel.rank, world_size=parallel.world_size, rows=rows,
     )  # fmt: skip
-    length, schedule, lr_schedule = run_length(epochs, max_steps, len(batches), beta, lr_schedule)
+    held_out = held_out_score(x, y, held, validation, order_seed, data_device)
+    length, schedule, lr_schedule = run_length(
+        epochs, max_steps, len(batches), beta, lr_schedule,
+        until=until, scored=held_out is not None, every=score_every(len(batches)),
+        gives_back=rows is not None,
+    )  # fmt: skip
 
     # the objective, the parameters it creates, the optimiser, where the fit starts from
     elbo = AnnealedELBO(schedule(0.0), num_particles=num_particles or 1)
@@ -283,8 +326,17 @@ def fit(
     optim = make_optimizer(optimizer, params, lr)
     rates = LRSchedule(lr_schedule, optim)
     parallel.broadcast_(params)  # every process starts from rank 0's parameters
-    history = History(num_data=batches.num_data, num_particles=elbo.num_particles, draws=draws)
-    state = FitState(model, guide, named, params, optim, history, batches.seed, first, rates)
+    history = History(
+        num_data=batches.num_data, num_particles=elbo.num_particles, draws=draws,
+        held_out=0 if held_out is None else len(held_out),
+    )  # fmt: skip
+    sample = SampleFit(
+        *batches.sample(SAMPLE_ROWS), num_data=batches.num_data, seed=order_seed or 0
+    )
+    scores = Scores(params, sample, held_out)  # an automatic run's, of the recent iterates
+    state = FitState(
+        model, guide, named, params, optim, history, batches.seed, first, rates, scores.average
+    )
     _resume_or_seed(state, saving, parallel, seed)
     length.restore(history)
     monitor = CollapseMonitor(model, guide, *first)
@@ -303,21 +355,36 @@ def fit(
         model, guide, elbo, handler, optim, params, parallel, callbacks, rates,
         step=done, fused=fused, runner=runner,
     )  # fmt: skip
+    every_row = batches.every_row or batches
+    stop = False
     with kept_heap(data_device.type == "cpu"):  # a step reuses what the last one freed
         for epoch in length.run(len(history)):
-            record = steps.epoch(batches, epoch, schedule)
-            _append(history, record, collapsed=monitor.fraction(), stage=length.stage(epoch))
+            record = steps.epoch(batches if length.holds_out(epoch) else every_row, epoch, schedule)
+            read = math.nan, math.nan, math.nan
+            if length.averages(epoch):
+                read = scores.after_epoch(model, guide, length.stage(epoch), length.reads(epoch))
+            _append(
+                history, record, collapsed=monitor.fraction(), stage=length.stage(epoch),
+                scores=read,
+            )  # fmt: skip
             length.after_epoch(history, optim)
-            bar.update(record, elbo.beta, length)
+            bar.update(record, elbo.beta, length, read)
             stop = any(callback.on_epoch_end(epoch, history) for callback in callbacks)
             saving.after_epoch(state, parallel, final=stop or length.finished)
             if stop:
                 break
-    bar.close()
+    history.stopped = (
+        f"a callback stopped the run after epoch {len(history) - 1:,}"
+        if stop
+        else length.stopped(history)
+    )
+    bar.close(history.stopped)
     history.convergence = length.convergence(history)
     if parallel.is_main:
-        warn_if_not_converged(history.convergence, stacklevel=2)
-        _check_collapse(model, guide, history, batches)
+        message = length.warning(history)
+        if message is not None:
+            warnings.warn(message, ConvergenceWarning, stacklevel=2)
+        _check_collapse(model, guide, history, every_row)
     return history
 
 
@@ -442,7 +509,14 @@ def _resume_or_seed(
         parallel.seed_noise(seed)
 
 
-def _append(history: History, record: EpochRecord, *, collapsed: float, stage: str) -> None:
+def _append(
+    history: History,
+    record: EpochRecord,
+    *,
+    collapsed: float,
+    stage: str,
+    scores: tuple[float, float, float],
+) -> None:
     """Append one epoch to every list of ``history``."""
     history.loss.append(record.loss)
     history.loss_per_datum.append(record.loss / history.num_data)
@@ -454,6 +528,14 @@ def _append(history: History, record: EpochRecord, *, collapsed: float, stage: s
     history.steps.append(record.steps)
     history.collapsed.append(collapsed)
     history.stage.append(stage)
+    history.averaged_nll.append(scores[0])
+    history.averaged_kl.append(scores[1])
+    history.validation.append(scores[2])
+
+
+def _rows(x: object) -> int:
+    """The rows of tensor data, 0 for a ``DataLoader`` (whose rows are not held out)."""
+    return x.shape[0] if isinstance(x, torch.Tensor) else 0
 
 
 def _check_collapse(model, guide, history: History, batches: Batches) -> None:
@@ -489,6 +571,7 @@ class _Progress:
 
     def __init__(self, epochs: int | None, show: bool, initial: int = 0) -> None:
         self._bar = None
+        self._scores: dict[str, str] = {}
         if show:
             from tqdm.auto import tqdm
 
@@ -496,17 +579,25 @@ class _Progress:
                 total=epochs, initial=initial, desc="fit", unit="epoch", dynamic_ncols=True
             )
 
-    def update(self, record: EpochRecord, beta: float, length: RunLength) -> None:
+    def update(
+        self, record: EpochRecord, beta: float, length: RunLength, scores: tuple[float, ...]
+    ) -> None:
         if self._bar is not None:
             if length.total is not None and self._bar.total != length.total:
                 self._bar.total = length.total
             self._bar.update(1)
-            stage = {"stage": length.current} if length.current else {}
+            extra = {"stage": length.current} if length.current else {}
+            nll, kl, held_out = scores
+            for name, value in (("averaged_loss", nll + kl), ("held_out_ll", held_out)):
+                if not math.isnan(value):
+                    self._scores[name] = f"{value:.4g}"
+            extra.update(self._scores)
             self._bar.set_postfix(
                 loss=f"{record.loss:.4g}", nll=f"{record.nll:.4g}", kl=f"{record.kl:.4g}",
-                beta=f"{beta:.2g}", **stage,
+                beta=f"{beta:.2g}", **extra,
             )  # fmt: skip
 
-    def close(self) -> None:
+    def close(self, stopped: str) -> None:
         if self._bar is not None:
+            self._bar.set_postfix_str(f"done: {stopped}", refresh=False)
             self._bar.close()

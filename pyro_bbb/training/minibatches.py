@@ -49,6 +49,8 @@ class Batches:
         #: The seed of the order (tensor input), ``None`` for a loader.
         self.seed = seed
         self._rows = rows
+        #: The minibatches of every row, when these hold some out (``make_batches(rows=)``).
+        self.every_row: Batches | None = None
 
     def __call__(self, epoch: int = 0) -> Iterable:
         """Epoch ``epoch``'s minibatches, ``(x, y)`` pairs."""
@@ -118,6 +120,7 @@ def make_batches(
     seed: int | None = None,
     rank: int = 0,
     world_size: int = 1,
+    rows: torch.Tensor | None = None,
 ) -> Batches:
     """Check the data and return its minibatches on ``device``.
 
@@ -132,6 +135,9 @@ def make_batches(
             from torch's global generator.
         rank: This process's rank in a data-parallel fit.
         world_size: The number of processes; tensor data is split between them.
+        rows: The indices of the rows the minibatches draw from (tensor data; the others
+            are held out), or ``None`` for every row. A minibatch of ``B`` of them still
+            stands for the whole data set: the model scales it by ``N / B``.
 
     Returns:
         :class:`Batches`: ``batches(epoch)`` iterates one epoch, ``len(batches)`` is its
@@ -179,15 +185,41 @@ def make_batches(
     check_has_values("x", x)
     check_has_values("y", y)
     x, y = x.to(device), y.to(device)
+    total = x.shape[0]
+    shard = math.ceil((total if rows is None else len(rows)) / world_size)
+    _check_data(model, x, y, rows=shard if batch_size is None else min(batch_size, shard))
+    if num_data is not None and total != num_data:
+        raise ValueError(
+            f"x has {total} rows but model.num_data={num_data}; num_data must be the "
+            "training-set size for the KL to be weighted correctly"
+        )
+    options = dict(
+        batch_size=batch_size, shuffle=shuffle, device=device, rank=rank, world_size=world_size,
+        num_data=num_data or total,
+    )  # fmt: skip
+    if rows is None:
+        return _tensor_batches(x, y, seed=seed, **options)
+    batches = _tensor_batches(x[rows.to(device)], y[rows.to(device)], seed=seed, **options)
+    batches.every_row = _tensor_batches(x, y, seed=seed, **options)
+    return batches
+
+
+def _tensor_batches(
+    x: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    batch_size: int | None,
+    shuffle: bool,
+    device: torch.device,
+    seed: int | None,
+    rank: int,
+    world_size: int,
+    num_data: int,
+) -> Batches:
+    """The minibatches of checked tensors ``x``, ``y`` already on ``device``."""
     n = x.shape[0]
     shard = math.ceil(n / world_size)
     size = shard if batch_size is None else min(batch_size, shard)
-    _check_data(model, x, y, rows=size)
-    if num_data is not None and n != num_data:
-        raise ValueError(
-            f"x has {n} rows but model.num_data={num_data}; num_data must be the training-set "
-            "size for the KL to be weighted correctly"
-        )
     num_steps = math.ceil(shard / size)
     # One process that visits every row in one step needs no order: the sum is the same.
     ordered = world_size > 1 or (shuffle and size < n)
@@ -206,14 +238,14 @@ def make_batches(
             idx = order[k * size : (k + 1) * size]
             yield x[idx], y[idx]
 
-    def rows(max_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def sample(max_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
         if n <= max_rows:
             return x, y
         generator = torch.Generator().manual_seed(0)
         index = torch.randperm(n, generator=generator)[:max_rows].to(device)
         return x[index], y[index]
 
-    return Batches(tensor_batches, num_steps, num_data or n, seed, rows)
+    return Batches(tensor_batches, num_steps, num_data, seed, sample)
 
 
 def _check_data(

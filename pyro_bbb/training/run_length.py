@@ -2,7 +2,8 @@
 
 ``fit(epochs=E)`` runs ``E`` epochs (:class:`FixedEpochs`) with β's warm-up and the learning
 rate's decay drawn over them, as ``fit`` always has; ``fit(epochs=None)`` runs the stages of
-:class:`~pyro_bbb.training.auto_epochs.AutoEpochs` until the convergence check passes.
+:class:`~pyro_bbb.training.auto_epochs.AutoEpochs` until more training stops paying (or,
+``until="converged"``, until the convergence check passes).
 :func:`run_length` gives ``fit`` the one it asked for with the schedules that go with it.
 Nothing here trains.
 """
@@ -15,12 +16,13 @@ import torch
 
 from .._validation import check_int
 from ..infer.schedules import ScheduleLike, as_schedule, delayed_warmup
-from .auto_epochs import MAX_STEPS, AutoEpochs
-from .convergence import Convergence, check_convergence
+from .auto_epochs import AutoEpochs, budget_epochs
+from .convergence import Convergence, check_convergence, convergence_warning
 from .history import History
 from .lr_schedules import InverseTimeDecay, LRScheduleLike
+from .stopping import Converges, StopsPaying
 
-__all__ = ["FixedEpochs", "RunLength", "check_automatic", "run_length"]
+__all__ = ["UNTIL", "FixedEpochs", "RunLength", "check_automatic", "run_length"]
 
 
 class FixedEpochs:
@@ -56,6 +58,22 @@ class FixedEpochs:
     def restore(self, history: History) -> None:
         """Nothing to restore: the schedules are functions of the epoch."""
 
+    def holds_out(self, epoch: int) -> bool:
+        """``False``: a fixed run trains on every row."""
+        return False
+
+    def averages(self, epoch: int) -> bool:
+        """``False``: a fixed run scores nothing."""
+        return False
+
+    def stopped(self, history: History) -> str:
+        """Why the run ended: its epochs were done."""
+        return f"ran the {self.epochs:,} epochs asked for"
+
+    def warning(self, history: History) -> str | None:
+        """What to warn of at the end: the convergence check's failure, if it failed."""
+        return convergence_warning(history.convergence)
+
     def convergence(self, history: History) -> Convergence:
         """The convergence check of the finished run (:func:`check_convergence`)."""
         return check_convergence(history)
@@ -65,35 +83,34 @@ RunLength = FixedEpochs | AutoEpochs
 """How long a fit runs: a fixed number of epochs, or until it converges."""
 
 
-def check_automatic(
-    epochs: int | None,
-    max_steps: int | None,
-    beta: ScheduleLike | None,
-    lr_schedule: LRScheduleLike | None,
-) -> None:
-    """Check that ``max_steps``, ``beta`` and ``lr_schedule`` suit the run's length.
+UNTIL = ("predictive", "converged")
+"""What ``fit(until=...)`` takes: when an automatic run is done (:mod:`.stopping`)."""
+
+
+def check_automatic(epochs: int | None, max_steps: int | None, until: str | None) -> str:
+    """Check that ``max_steps`` and ``until`` suit the run's length; return the rule's name.
+
+    Returns:
+        ``until``, with ``None`` read as ``"predictive"``.
 
     Raises:
-        ValueError: ``max_steps`` with a fixed number of epochs, or not a positive int; an
-            automatic run (``epochs=None``) with a ``beta`` or ``lr_schedule`` that is a
-            schedule rather than ``None`` or a number (it places the warm-up and the decay
-            itself).
+        ValueError: ``max_steps`` or ``until`` with a fixed number of epochs, ``max_steps``
+            not a positive int, or ``until`` not one of :data:`UNTIL`.
     """
     if epochs is not None:
-        if max_steps is not None:
-            raise ValueError(
-                f"max_steps={max_steps!r} caps a run of epochs=None; with epochs={epochs} "
-                "the run's length is fixed"
-            )
-        return
+        for name, value in (("max_steps", max_steps), ("until", until)):
+            if value is not None:
+                raise ValueError(
+                    f"{name}={value!r} applies to a run of epochs=None; with epochs={epochs} "
+                    "the run's length is fixed"
+                )
+        return "predictive"
     check_int("max_steps", max_steps, optional=True)
-    for name, value in (("beta", beta), ("lr_schedule", lr_schedule)):
-        if value is not None and not _is_number(value):
-            raise ValueError(
-                f"epochs=None places beta's warm-up and the rate's decay where the run is, "
-                f"so {name} must be None or a number; got {value!r}. Pass epochs= to train "
-                f"on your own {name} schedule"
-            )
+    if until is None:
+        return "predictive"
+    if until not in UNTIL:
+        raise ValueError(f"until must be one of {UNTIL}, got {until!r}")
+    return until
 
 
 def run_length(
@@ -102,11 +119,27 @@ def run_length(
     steps_per_epoch: int,
     beta: ScheduleLike | None,
     lr_schedule: LRScheduleLike | None,
+    *,
+    until: str = "predictive",
+    scored: bool = False,
+    every: int = 1,
+    gives_back: bool = False,
 ) -> tuple[RunLength, Callable[[float], float], LRScheduleLike]:
     """The run's length, β's schedule and the learning-rate schedule of a fit.
 
     A fixed run takes ``delayed_warmup(epochs)`` and ``InverseTimeDecay(epochs)`` for
-    ``None``; an automatic one its stages' (a number stays a constant).
+    ``None``; an automatic one its stages' (a user's schedule is followed as given).
+
+    Args:
+        epochs: A fixed run's length, or ``None`` for an automatic run.
+        max_steps: An automatic run's budget in steps, or ``None`` for the default.
+        steps_per_epoch: Optimiser steps in an epoch of the rows the steps train on.
+        beta: ``fit``'s ``beta``.
+        lr_schedule: ``fit``'s ``lr_schedule``.
+        until: An automatic run's rule (:data:`UNTIL`).
+        scored: Whether an automatic run scores held-out rows.
+        every: Score after every ``every``-th epoch.
+        gives_back: Whether rows are held out of the steps until the last stage.
 
     Returns:
         ``(length, beta schedule, lr schedule)``.
@@ -115,15 +148,14 @@ def run_length(
         schedule = delayed_warmup(epochs) if beta is None else as_schedule(beta)
         rates = InverseTimeDecay(epochs) if lr_schedule is None else lr_schedule
         return FixedEpochs(epochs), schedule, rates
-    constant = None if beta is None else as_schedule(beta)(0.0)
     length = AutoEpochs(
         steps_per_epoch,
-        MAX_STEPS if max_steps is None else max_steps,
-        beta=constant,
+        budget_epochs(max_steps, steps_per_epoch),
+        beta=None if beta is None else as_schedule(beta),
         decay=lr_schedule is None,
+        rule=Converges() if until == "converged" else StopsPaying(),
+        scored=scored,
+        every=every,
+        gives_back=gives_back,
     )
     return length, length.beta, length.rate if lr_schedule is None else lr_schedule
-
-
-def _is_number(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)

@@ -1,0 +1,204 @@
+"""fit's default length on networks: what a first call costs and buys, against fixed lengths.
+
+Each row is one ``fit`` with nothing but the data (and ``batch_size`` where the problem has
+one), against the same model, seed and data at fixed lengths:
+
+* ``gap``: 1-D regression with a gap, 600 points of ``sin(x) + N(0, 0.1²)`` on
+  ``[-4, -1] ∪ [1, 4]`` (:func:`pyro_bbb.data.gap_regression`, seed ``s``), a 1-50-50-1 tanh
+  MLP, learned noise, full batch; test log-likelihood on 2,000 fresh points of the same
+  distribution; fixed 1,000, 3,000 and 10,000 epochs beside it.
+* ``mnist``: 4,000 training images of an MNIST-format folder (``--mnist DIR`` holding the
+  four idx files; on Debian, ``apt install dataset-fashion-mnist`` puts Fashion-MNIST in
+  ``/usr/share/datasets/fashion-mnist``), 784-400-400-10, batch 128; test error and NLL on
+  2,000 test images; a fixed 40 epochs beside it.
+* ``mnist60k``: all 60,000 training images at ``batch_size`` 64 and 128 (a run at
+  MNIST's size must train, never fail at set-up); test error on 2,000 test images.
+* ``uci:NAME``: the UCI protocol of :mod:`pyro_bbb.bench.uci` (one hidden layer, local
+  reparameterisation, learned noise) on ``--uci DIR/NAME``'s splits, against its 2,000
+  full-batch epochs.
+
+Every run appends one JSON line to ``--out`` (runs already there are skipped, so the script
+resumes); ``--table`` prints the tables. CPU seconds are the process's (one thread).
+
+    python benchmarks/default_length.py --out default_length.jsonl --problems gap mnist \\
+        uci:boston --seeds 0 1 --mnist /usr/share/datasets/fashion-mnist --uci ../shared/data/uci
+    python benchmarks/default_length.py --out default_length.jsonl --table
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import statistics
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pyro
+import torch
+
+import pyro_bbb as bbb
+from pyro_bbb.bench.uci import UCIConfig, fit_split
+from pyro_bbb.data import gap_regression, load_uci_folder
+from pyro_bbb.training.convergence import ConvergenceWarning
+
+FIXED = {"gap": (1000, 3000, 10000), "mnist": (40,), "mnist60k": (), "uci": (2000,)}
+
+
+def _idx(path: Path) -> np.ndarray:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rb") as f:
+        data = f.read()
+    dims = data[3]
+    shape = [int.from_bytes(data[4 + 4 * i : 8 + 4 * i], "big") for i in range(dims)]
+    return np.frombuffer(data, np.uint8, offset=4 + 4 * dims).reshape(shape)
+
+
+def _mnist(folder: Path, num_train: int, seed: int):
+    def load(stem: str) -> np.ndarray:
+        return _idx(next(folder.glob(stem + "*")))
+
+    x, y = load("train-images").reshape(-1, 784), load("train-labels")
+    xt, yt = load("t10k-images").reshape(-1, 784), load("t10k-labels")
+    g = np.random.default_rng(seed)
+    i, j = g.permutation(len(x))[:num_train], g.permutation(len(xt))[:2000]
+
+    def images(a):
+        return torch.tensor(a, dtype=torch.float32) / 255
+
+    return (
+        images(x[i]), torch.tensor(y[i], dtype=torch.long),
+        images(xt[j]), torch.tensor(yt[j], dtype=torch.long),
+    )  # fmt: skip
+
+
+def _fit(model, guide, x, y, epochs, **options) -> dict:
+    start = time.process_time()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        history = bbb.fit(model, guide, x, y, epochs=epochs, progress=False, **options)
+    stages: dict[str, int] = {}
+    for epoch, stage in enumerate(history.stage):
+        if stage:
+            stages.setdefault(stage, epoch)
+    return {
+        "cpu": time.process_time() - start,
+        "epochs": len(history),
+        "steps": history.steps[-1],
+        "stages": stages,
+        "stopped": history.stopped,
+        "warned": [str(w.message) for w in caught if issubclass(w.category, ConvergenceWarning)],
+    }
+
+
+def run(problem: str, protocol: str, seed: int, args: argparse.Namespace) -> dict:
+    """One fit of ``problem`` at ``protocol`` (``"auto"`` or a number of epochs)."""
+    epochs = None if protocol == "auto" else int(protocol)
+    pyro.clear_param_store()
+    pyro.set_rng_seed(seed)
+    row = {"problem": problem, "protocol": protocol, "seed": seed}
+    if problem == "gap":
+        train, test = gap_regression(600, 0.1, seed), gap_regression(2000, 0.1, 1000 + seed)
+        model = bbb.BNN(
+            bbb.mlp([1, 50, 50, 1], activation="tanh"), bbb.likelihoods.Gaussian(), num_data=600
+        )
+        guide = bbb.MeanFieldGuide(model)
+        row |= _fit(model, guide, train.x, train.y, epochs, seed=seed)
+        pred = bbb.predict(model, guide, test.x, num_samples=200, seed=0)
+        row["test_ll"] = pred.log_likelihood(test.y)
+    elif problem.startswith("mnist"):
+        full = problem == "mnist60k"
+        x, y, xt, yt = _mnist(args.mnist, 60000 if full else 4000, seed)
+        batch = int(protocol.split("b")[1]) if full else 128
+        model = bbb.BNN(
+            bbb.mlp([784, 400, 400, 10]), bbb.likelihoods.Categorical(), num_data=len(x)
+        )
+        guide = bbb.MeanFieldGuide(model)
+        epochs = None if full else epochs
+        row |= _fit(model, guide, x, y, epochs, batch_size=batch, seed=seed)
+        pred = bbb.predict(model, guide, xt, num_samples=100, seed=0)
+        row["test_error"] = float((pred.predicted != yt).float().mean())
+        row["test_nll"] = -pred.log_likelihood(yt)
+    else:
+        name = problem.split(":")[1]
+        data = load_uci_folder(args.uci / name, num_splits=seed + 1)
+        config = UCIConfig(epochs=epochs)
+        start = time.process_time()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            result = fit_split(
+                "bnn", data[seed], dataset=name, n_hidden=data.n_hidden or 50, config=config
+            )
+        row |= {
+            "cpu": time.process_time() - start,
+            "test_ll": result.log_likelihood,
+            "rmse": result.rmse,
+            "warned": [
+                str(w.message) for w in caught if issubclass(w.category, ConvergenceWarning)
+            ],
+        }
+    return row
+
+
+def table(rows: list[dict]) -> str:
+    """Markdown: per problem and protocol, medians over seeds (splits for UCI)."""
+    groups: dict[tuple, list[dict]] = {}
+    for row in rows:
+        groups.setdefault((row["problem"], row["protocol"]), []).append(row)
+    lines = [
+        "| problem | protocol | seeds | test LL (mean) | test error | test NLL | epochs "
+        "(median) | CPU s (median) | warned |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+
+    def mean(group, key, fmt):
+        values = [r[key] for r in group if key in r]
+        return fmt.format(statistics.fmean(values)) if values else ""
+
+    for (problem, protocol), group in sorted(groups.items()):
+        epochs = [r["epochs"] for r in group if "epochs" in r]
+        lines.append(
+            f"| {problem} | {protocol} | {len(group)} | {mean(group, 'test_ll', '{:.3f}')} "
+            f"| {mean(group, 'test_error', '{:.2%}')} | {mean(group, 'test_nll', '{:.3f}')} "
+            f"| {statistics.median(epochs) if epochs else ''} "
+            f"| {statistics.median(r['cpu'] for r in group):.1f} "
+            f"| {sum(bool(r['warned']) for r in group)}/{len(group)} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path("default_length.jsonl"))
+    parser.add_argument("--problems", nargs="+", default=["gap"])
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2, 3])
+    parser.add_argument("--mnist", type=Path, default=Path("/usr/share/datasets/fashion-mnist"))
+    parser.add_argument("--uci", type=Path, default=Path("../shared/data/uci"))
+    parser.add_argument("--table", action="store_true", help="print the table and exit")
+    args = parser.parse_args(argv)
+    done = []
+    if args.out.exists():
+        done = [json.loads(line) for line in args.out.read_text().splitlines() if line]
+    if args.table:
+        print(table(done))
+        return
+    torch.set_num_threads(1)
+    keys = {(r["problem"], r["protocol"], r["seed"]) for r in done}
+    for problem in args.problems:
+        kind = problem.split(":")[0]
+        protocols = ["b64", "b128"] if kind == "mnist60k" else ["auto", *map(str, FIXED[kind])]
+        for seed in args.seeds:
+            for protocol in protocols:
+                if (problem, protocol, seed) in keys:
+                    continue
+                row = run(problem, protocol, seed, args)
+                with args.out.open("a") as f:
+                    f.write(json.dumps(row) + "\n")
+                print(json.dumps({k: v for k, v in row.items() if k != "stopped"}), flush=True)
+    print(table([json.loads(line) for line in args.out.read_text().splitlines() if line]))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,264 @@
+r"""What an automatic run reads between its epochs: scores of the recent iterates' average.
+
+An automatic run (``fit(epochs=None)``, :mod:`~pyro_bbb.training.auto_epochs`) decides when
+a stage is done from two scores, taken every few epochs (:func:`score_every`) of the average
+of the stage's recent iterates (:class:`IterateAverage`), never of the last iterate alone:
+
+* **the β = 1 loss** (:class:`SampleLoss`, ``History.averaged_loss``): :math:`-\mathrm{ELBO}`
+  per data point, estimated on a fixed sample of the training rows with :data:`SCORE_SAMPLES`
+  weight draws; where it stops falling, fitting the likelihood no longer pays for the KL
+  it costs;
+* **the held-out log-likelihood** (:class:`HeldOutScore`, ``History.validation``): the mean
+  over the held-out rows (:mod:`~pyro_bbb.training.held_out`) of
+  :math:`\log \frac1S \sum_s p(y_i \mid x_i, w_s)`, :math:`w_s \sim q`, nats a row
+  (:func:`~pyro_bbb.metrics.log_likelihood`): what the predictive gains.
+
+Each score takes the same ``S`` draws every time (common random numbers: two scores differ
+by what training changed, not by Monte Carlo noise), from a generator of its own, so the
+fit's random stream is untouched and the network's buffers (BatchNorm's running statistics)
+are left as they were. At a constant rate the parameters wander about where the steps lead
+them; the average follows the progress and not the wander, so the scores are smooth enough
+to decide on after a few readings. Nothing here trains.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
+from typing import Any
+
+import torch
+
+from .._devices import cuda_devices
+from ..infer.elbo import AnnealedELBO
+from ..infer.predictive import predict
+from ..infer.reparam import estimator
+from ..nn.draws import kept_buffers
+
+__all__ = [
+    "SCORE_SAMPLES",
+    "SCORE_STEPS",
+    "HeldOutScore",
+    "IterateAverage",
+    "SampleFit",
+    "Scores",
+    "held_out_score",
+    "score_every",
+]
+
+#: Weight draws of a held-out score.
+SCORE_SAMPLES = 8
+#: The fewest optimiser steps between two scores.
+SCORE_STEPS = 10
+#: The most training rows the ELBO's parts are scored on (:class:`SampleFit`).
+SAMPLE_ROWS = 1024
+#: The :math:`\eta` of the iterate average (:class:`IterateAverage`): its last fifth.
+AVERAGE_ETA = 4
+#: Rows a held-out score evaluates at once (bounds its memory).
+_CHUNK = 4096
+#: Added to the order's seed for the scores' draws.
+_SEED_OFFSET = 104_729
+
+
+def score_every(steps_per_epoch: int) -> int:
+    """Score after every epoch of at least :data:`SCORE_STEPS` steps, else every few epochs."""
+    return max(1, math.ceil(SCORE_STEPS / steps_per_epoch))
+
+
+class IterateAverage:
+    r"""A running average of the parameters over a stage: the iterate the scores read.
+
+    Polynomial-decay averaging (Shamir and Zhang 2013), a form of Polyak–Ruppert averaging
+    (Polyak and Juditsky 1992) whose window grows with the stage: after the :math:`t`-th
+    update of a stage
+
+    .. math:: \bar\theta_t = (1 - \alpha_t)\,\bar\theta_{t-1} + \alpha_t\,\theta_t,
+        \qquad \alpha_t = \frac{\eta + 1}{t + \eta},
+
+    which weighs iterate :math:`s` about as :math:`(s/t)^\eta`: the last
+    :math:`1/(\eta + 1)` of the stage. It starts afresh with each stage (β and the rate
+    change between them). Training never reads it.
+
+    Args:
+        params: The trained parameters (the steps keep updating them).
+    """
+
+    def __init__(self, params: list[torch.Tensor]) -> None:
+        self.params = params
+        self.values: list[torch.Tensor] | None = None
+        self.count = 0
+        self.stage = ""
+
+    @torch.no_grad()
+    def update(self, stage: str) -> None:
+        """Average in the current parameters; a new ``stage`` restarts the average."""
+        current = [p.detach() for p in self.params]
+        if self.values is None or stage != self.stage:
+            self.values = [p.clone() for p in current]
+            self.count, self.stage = 1, stage
+            return
+        self.count += 1
+        torch._foreach_lerp_(self.values, current, (AVERAGE_ETA + 1) / (self.count + AVERAGE_ETA))
+
+    @contextmanager
+    def swapped(self) -> Iterator[None]:
+        """Put the average in the parameters' place for the block, then put them back."""
+        if self.values is None:
+            yield
+            return
+        current = [p.detach() for p in self.params]
+        with torch.no_grad():
+            saved = [p.clone() for p in current]
+            torch._foreach_copy_(current, self.values)
+        try:
+            yield
+        finally:
+            with torch.no_grad():
+                torch._foreach_copy_(current, saved)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The average, its count and its stage (what a checkpoint keeps)."""
+        return {"values": self.values, "count": self.count, "stage": self.stage}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` gave."""
+        values = state.get("values")
+        if values is not None:
+            values = [v.to(p) for v, p in zip(values, self.params, strict=True)]
+        self.values, self.count, self.stage = values, state.get("count", 0), state.get("stage", "")
+
+
+@contextmanager
+def _apart(model: object, seed: int, *tensors: object) -> Iterator[None]:
+    """Draw from ``seed`` inside, leaving the fit's random states and the net's buffers."""
+    net = getattr(model, "net", None)
+    buffers = kept_buffers(net) if isinstance(net, torch.nn.Module) else nullcontext()
+    with torch.random.fork_rng(devices=cuda_devices(model, *tensors)), buffers, torch.no_grad():
+        torch.manual_seed(seed)
+        yield
+
+
+class HeldOutScore:
+    """The log predictive density of held-out rows, nats a row (see the module).
+
+    Args:
+        x: The held-out features ``(M, *features)``, on the training device.
+        y: Their targets ``(M[, dim])``.
+        seed: Seed of the score's weight draws; every score takes the same draws.
+    """
+
+    def __init__(self, x: torch.Tensor, y: torch.Tensor, *, seed: int) -> None:
+        self.x, self.y, self.seed = x, y, seed + _SEED_OFFSET
+
+    def __len__(self) -> int:
+        return self.x.shape[0]
+
+    def __call__(self, model: Callable[..., Any], guide: Callable[..., Any]) -> float:
+        """The score of ``model`` and ``guide`` as they are now; ``-inf`` if not finite."""
+        with _apart(model, self.seed, self.x, guide):
+            prediction = predict(model, guide, self.x, num_samples=SCORE_SAMPLES, batch_size=_CHUNK)
+            value = prediction.log_likelihood(self.y)
+        return value if math.isfinite(value) else -math.inf
+
+
+class SampleFit:
+    r"""The expected negative log-likelihood and the KL per data point, on a fixed sample.
+
+    One estimate of the β = 1 ELBO's two parts (:class:`~pyro_bbb.infer.elbo.AnnealedELBO`)
+    on a fixed sample of the training rows, scaled to the whole data set by the model
+    (:math:`N/B`) and divided by :math:`N`: the loss ``History.plain_loss`` records, per data
+    point. It is drawn with local reparameterisation where the layers allow it (Kingma,
+    Salimans and Welling 2015): each row its own draw of its activations, which cuts the
+    variance of the sum over rows by about their number, so one draw per row suffices.
+
+    Args:
+        x: A fixed sample of the training features, on the training device.
+        y: Their targets.
+        num_data: ``N``.
+        seed: Seed of the score's draws; every score takes the same draws.
+    """
+
+    def __init__(self, x: torch.Tensor, y: torch.Tensor, *, num_data: int, seed: int) -> None:
+        self.x, self.y, self.num_data, self.seed = x, y, num_data, seed + _SEED_OFFSET
+        self._elbo = AnnealedELBO(1.0)
+
+    def __call__(self, model: Callable[..., Any], guide: Callable[..., Any]) -> tuple[float, float]:
+        """``(nll, kl)`` per data point of ``model`` and ``guide`` as they are now."""
+        with _apart(model, self.seed, self.x, guide), estimator("local")():
+            terms = self._elbo.terms(model, guide, self.x, self.y)
+        nll, kl = (float(t) / self.num_data for t in (terms.nll, terms.kl))
+        return (nll, kl) if math.isfinite(nll + kl) else (math.inf, math.inf)
+
+
+def held_out_score(
+    x: object,
+    y: object,
+    held: torch.Tensor | None,
+    validation: object,
+    seed: int | None,
+    device: torch.device,
+) -> HeldOutScore | None:
+    """The score of the held-out rows ``held`` of ``(x, y)``, or of a ``(x_val, y_val)`` pair.
+
+    Args:
+        x: ``fit``'s features.
+        y: ``fit``'s targets.
+        held: The held-out rows' indices, or ``None``.
+        validation: ``fit``'s ``validation``: a pair is scored as given.
+        seed: The seed of the minibatch order (the scores' draws derive from it).
+        device: The training device.
+
+    Returns:
+        The :class:`HeldOutScore`, or ``None`` when nothing is scored.
+    """
+    seed = 0 if seed is None else seed
+    if isinstance(validation, tuple):
+        x_val, y_val = (t.to(device) for t in validation)
+        return HeldOutScore(x_val, y_val, seed=seed)
+    if held is None:
+        return None
+    index = held.to(device)
+    return HeldOutScore(x.to(device)[index], y.to(device)[index], seed=seed)
+
+
+class Scores:
+    """The scores an automatic run reads, of the recent iterates' average.
+
+    Args:
+        params: The trained parameters.
+        fit: The β = 1 ELBO's parts on a sample of training rows.
+        held_out: The held-out rows' score, or ``None`` when no rows are held out.
+    """
+
+    def __init__(
+        self, params: list[torch.Tensor], fit: SampleFit, held_out: HeldOutScore | None
+    ) -> None:
+        self.average = IterateAverage(params)
+        self.fit, self.held_out = fit, held_out
+
+    def after_epoch(
+        self, model: Callable[..., Any], guide: Callable[..., Any], stage: str, reads: frozenset
+    ) -> tuple[float, float, float]:
+        """Average the epoch's parameters in and read what ``reads`` names.
+
+        Args:
+            model: The model.
+            guide: The guide.
+            stage: The epoch's stage (a new one restarts the average).
+            reads: ``"fit"`` (the ELBO's parts on the training sample) and/or
+                ``"validation"`` (the held-out rows); empty to only average.
+
+        Returns:
+            ``(nll, kl, validation)`` per data point and per held-out row, ``nan`` where
+            not read.
+        """
+        self.average.update(stage)
+        nll = kl = validation = math.nan
+        if reads:
+            with self.average.swapped():
+                if "fit" in reads:
+                    nll, kl = self.fit(model, guide)
+                if "validation" in reads and self.held_out is not None:
+                    validation = self.held_out(model, guide)
+        return nll, kl, validation

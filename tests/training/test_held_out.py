@@ -1,0 +1,76 @@
+"""The rows an automatic run holds out, and fit's validation option."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+import pyro_bbb as bbb
+from pyro_bbb.training.held_out import (
+    MIN_HELD_OUT,
+    check_validation,
+    held_out_fraction,
+    held_out_rows,
+    held_out_split,
+    hold_out,
+)
+
+from ..problems import linear_bnn, random_conjugate_problem
+
+
+def test_the_held_out_rows_are_a_seeded_disjoint_split_of_every_row():
+    train, held = hold_out(100, 10, seed=5)
+    assert len(held) == 10 and len(train) == 90
+    assert torch.equal(torch.cat([train, held]).sort().values, torch.arange(100))
+    again = hold_out(100, 10, seed=5)
+    assert torch.equal(again[1], held) and not torch.equal(hold_out(100, 10, seed=6)[1], held)
+
+
+@pytest.mark.parametrize(
+    ("num_data", "fraction", "count"),
+    [(1000, 0.1, 100), (150, 0.1, 15), (60, 0.1, 0), (20, 0.5, 10), (19, 0.5, 0)],
+)
+def test_too_few_rows_to_score_are_not_held_out(num_data, fraction, count):
+    assert held_out_rows(num_data, fraction) == count
+    assert count == 0 or count >= MIN_HELD_OUT
+
+
+def test_a_split_draws_its_seed_when_the_fit_has_none():
+    torch.manual_seed(0)
+    train, held, seed = held_out_split(200, 0.1, None)
+    assert isinstance(seed, int) and len(held) == 20 and len(train) == 180
+    assert held_out_split(200, 0.0, None) == (None, None, None)
+
+
+def test_the_default_holds_nothing_out_and_a_fraction_holds_out_tensor_rows_of_a_bnn():
+    x, y, *_ = random_conjugate_problem(60, 2)
+    model = linear_bnn(x)
+    loader = DataLoader(TensorDataset(x, y), batch_size=10)
+    assert held_out_fraction(model, x, None, "predictive", None) == 0.0
+    assert held_out_fraction(model, x, None, "predictive", 0.2) == 0.2
+    assert held_out_fraction(model, loader, None, "predictive", 0.2) == 0.0
+    assert held_out_fraction(model, x, None, "predictive", (x, y)) == 0.0  # scored as given
+    assert held_out_fraction(lambda x, y: None, x, None, "predictive", 0.2) == 0.0
+
+
+@pytest.mark.parametrize(
+    ("validation", "epochs", "error", "match"),
+    [
+        (0.1, 100, ValueError, r"validation= applies to a run of epochs=None"),
+        (1.0, None, ValueError, r"validation must be a fraction of the rows in \[0, 1\), got 1.0"),
+        (-0.1, None, ValueError, r"in \[0, 1\), got -0.1"),
+        ("10%", None, TypeError, r"validation must be a fraction .* got '10%'"),
+        ((torch.zeros(3, 2), torch.zeros(4)), None, ValueError, r"as many rows each, got 3 and 4"),
+    ],
+)
+def test_validation_refuses_what_it_cannot_use(validation, epochs, error, match):
+    with pytest.raises(error, match=match):
+        check_validation(validation, epochs)
+
+
+def test_fit_names_the_bad_validation_argument():
+    x, y, *_ = random_conjugate_problem(60, 2)
+    model = linear_bnn(x)
+    with pytest.raises(ValueError, match=r"validation must be a fraction of the rows"):
+        bbb.fit(model, bbb.MeanFieldGuide(model), x, y, validation=2.0, progress=False)

@@ -1,0 +1,123 @@
+"""The rules that end an automatic run's stages, read off synthetic Histories."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+import pyro_bbb as bbb
+from pyro_bbb.training.stopping import (
+    DECAY_SHARE,
+    FIT_TOLERANCE,
+    MIN_FIT_SCORES,
+    MIN_SCORES,
+    TOLERANCE,
+    Converges,
+    StopsPaying,
+)
+
+
+def _history(num_data=100, *, nll=None, kl=None, validation=None, plain=None):
+    """A History whose scored lists are given (``nan`` where not scored)."""
+    length = len(next(v for v in (nll, validation, plain) if v is not None))
+    history = bbb.History(num_data=num_data, held_out=10)
+    history.averaged_nll = list(nll) if nll is not None else [math.nan] * length
+    history.averaged_kl = (
+        list(kl) if kl is not None else [0.0 if nll is not None else math.nan] * length
+    )
+    history.validation = list(validation) if validation is not None else [math.nan] * length
+    total = list(plain) if plain is not None else [0.0] * length
+    history.nll, history.kl = total, [0.0] * length
+    history.loss, history.beta, history.lr = total, [1.0] * length, [0.01] * length
+    return history
+
+
+def _every_third(values):
+    """Scores read every third epoch, ``nan`` between."""
+    return [v if (i + 1) % 3 == 0 else math.nan for i, v in enumerate(values)]
+
+
+def test_the_likelihood_only_stage_goes_on_while_its_last_half_lowers_the_loss():
+    # the beta = 1 loss per data point falls by 0.1 over the last half: still paying
+    falling = np.linspace(3.0, 2.8, 24)
+    verdict = StopsPaying().judge(_history(nll=falling), "fit", 0, 24, scored=False)
+    assert not verdict.done and "fell by 0.1" in verdict.found
+
+
+def test_the_likelihood_only_stage_ends_when_its_last_half_lowers_the_loss_by_little():
+    # a fast fall, then a last half that lowers it by less than FIT_TOLERANCE a data point
+    values = [3.0, 2.5, 2.2, 2.1] + list(np.linspace(2.1, 2.1 - FIT_TOLERANCE / 2, 4))
+    verdict = StopsPaying().judge(_history(nll=values), "fit", 0, 8, scored=False)
+    assert verdict.done and "had stopped paying" in verdict.found
+
+
+def test_a_loss_that_rises_again_ends_the_likelihood_only_stage():
+    values = [3.0, 2.6, 2.5, 2.45, 2.44, 2.46, 2.5, 2.55]  # fitting the noise costs KL
+    assert StopsPaying().judge(_history(nll=values), "fit", 0, 8, scored=False).done
+
+
+def test_the_likelihood_only_stage_reads_its_sum_of_nll_and_kl():
+    # the expected NLL falls, but the KL rises faster: the beta = 1 loss rises
+    nll, kl = np.linspace(3.0, 2.0, 8), np.linspace(0.0, 1.5, 8)
+    assert StopsPaying().judge(_history(nll=nll, kl=kl), "fit", 0, 8, scored=False).done
+    assert not StopsPaying().judge(_history(nll=nll), "fit", 0, 8, scored=False).done
+
+
+def test_a_stage_is_not_judged_on_fewer_scores_than_it_needs():
+    flat = [2.0] * 3 * MIN_FIT_SCORES
+    short = _every_third(flat)[: 3 * MIN_FIT_SCORES - 1]  # one score short
+    verdict = StopsPaying().judge(_history(nll=short), "fit", 0, len(short), scored=False)
+    assert not verdict.done and "read 3 time(s)" in verdict.found
+    assert StopsPaying().judge(_history(nll=_every_third(flat)), "fit", 0, 12, False).done
+
+
+def test_the_full_rate_stage_reads_the_held_out_rows_where_they_are_scored():
+    rising = list(np.linspace(-1.0, -0.8, MIN_SCORES))  # still gaining 0.1 nats a row
+    flat = [-0.8 + 0.001 * (-1) ** i for i in range(MIN_SCORES)]
+    rule = StopsPaying()
+    assert not rule.judge(_history(validation=rising), "train", 0, MIN_SCORES, True).done
+    verdict = rule.judge(_history(validation=flat), "train", 0, MIN_SCORES, True)
+    assert verdict.done and "held-out log-likelihood" in verdict.found
+    assert f"less than {TOLERANCE:g}" in verdict.found
+
+
+def test_the_full_rate_stage_reads_the_training_fit_where_nothing_is_held_out():
+    # the expected log-likelihood (minus the averaged NLL) of the training sample
+    improving = np.linspace(2.0, 1.8, MIN_SCORES)  # NLL falling by 0.1 over the last half
+    declining = np.linspace(1.8, 1.9, MIN_SCORES)  # the posterior drifting towards the prior
+    rule = StopsPaying()
+    assert not rule.judge(_history(nll=improving), "train", 0, MIN_SCORES, False).done
+    verdict = rule.judge(_history(nll=declining), "train", 0, MIN_SCORES, False)
+    assert verdict.done and "expected log-likelihood" in verdict.found
+
+
+def test_the_predictive_rules_decay_is_three_sevenths_of_the_run_before_it():
+    length, floor = StopsPaying().decay_plan(_history(nll=[1.0]), 0, 700)
+    assert length == math.ceil(DECAY_SHARE * 700) == 300 and floor == 0.01
+
+
+def test_the_strict_rule_asks_for_the_convergence_check_on_the_last_half():
+    rng = np.random.default_rng(0)
+    flat = list(1000 + rng.normal(0, 1, 40))
+    history = _history(plain=flat)
+    assert Converges().judge(history, "train", 0, 40, False).done
+    falling = list(np.linspace(1000, 900, 40) + rng.normal(0, 1, 40))
+    verdict = Converges().judge(_history(plain=falling), "train", 0, 40, False)
+    assert not verdict.done and "may still have been falling" in verdict.found
+
+
+def test_a_long_stage_is_not_judged_every_epoch_and_the_strict_rule_less_often():
+    strict = [n for n in range(1000, 2000) if Converges().due(n)]
+    predictive = [n for n in range(1000, 2000) if StopsPaying().due(n)]
+    assert len(strict) < len(predictive) < 100
+    assert all(StopsPaying().due(n) for n in range(1, 100))
+
+
+@pytest.mark.parametrize("rule", [StopsPaying(), Converges()])
+def test_a_rule_is_a_function_of_the_history_alone(rule):
+    values = list(np.linspace(3.0, 2.0, 40))
+    history = _history(nll=values, validation=values, plain=[100 * v for v in values])
+    first = rule.judge(history, "train", 0, 40, True)
+    assert rule.judge(history, "train", 0, 40, True) == first
