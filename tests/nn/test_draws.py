@@ -493,13 +493,18 @@ class BackwardBranch(nn.Module):
         return self.fc(_BranchingBackward.apply(h))
 
 
-@pytest.mark.filterwarnings("ignore:each step's weight draws run through the network one after")
-def test_a_backward_pass_vmap_cannot_batch_is_found_at_set_up_and_takes_the_loop():
+def _backward_branch():
+    """A BNN of :class:`BackwardBranch`, its guide and data."""
     pyro.clear_param_store()
     torch.manual_seed(0)
     x, y = _regression(12, 3)
     model = bbb.BNN(bayesianize(BackwardBranch()), bbb.likelihoods.Gaussian(), num_data=12)
-    guide = bbb.MeanFieldGuide(model)
+    return model, bbb.MeanFieldGuide(model), x, y
+
+
+@pytest.mark.filterwarnings("ignore:each step's weight draws run through the network one after")
+def test_a_backward_pass_vmap_cannot_batch_is_found_at_set_up_and_takes_the_loop():
+    model, guide, x, y = _backward_branch()
     history = bbb.fit(model, guide, x, y, epochs=2, num_particles=2, progress=False, seed=0)
     assert all(torch.isfinite(torch.tensor(history.loss)))
     known = draw_path(model.net)
@@ -508,11 +513,7 @@ def test_a_backward_pass_vmap_cannot_batch_is_found_at_set_up_and_takes_the_loop
 
 
 def test_a_path_decided_without_gradients_is_checked_again_with_them():
-    pyro.clear_param_store()
-    torch.manual_seed(0)
-    x, y = _regression(12, 3)
-    model = bbb.BNN(bayesianize(BackwardBranch()), bbb.likelihoods.Gaussian(), num_data=12)
-    guide = bbb.MeanFieldGuide(model)
+    model, guide, x, y = _backward_branch()
     with torch.no_grad(), pyro.plate("draws", 2, dim=-2):
         model(x)  # a prediction first: vmap's forward passes
     assert draw_path(model.net) == PerDrawPath(DrawPath.VMAP, backward=False)
