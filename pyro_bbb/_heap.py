@@ -8,7 +8,7 @@ mapped again and takes a page fault, and the kernel zeroes a page, per 4 KiB it 
 Freed memory at the top of the heap is also handed back to the OS above the trim
 threshold. On a large full batch that is most of the step: an ensemble of five 9-100-1
 networks on 41,000 rows under local reparameterisation, activations of 78 MiB each, spent
-1.5-1.8 times as long in the kernel as in its own arithmetic, about 360,000 faults a step.
+1.4-1.8 times as long in the kernel as in its own arithmetic, about 360,000 faults a step.
 
 **Opt-in.** Set the environment variable ``PYRO_BBB_KEEP_HEAP=1`` and :func:`kept_heap`
 (which :func:`~pyro_bbb.fit` holds around its epochs on the CPU, and a chunked
@@ -45,8 +45,9 @@ longer fits the gap it left. On the ensemble above the process's peak rose from 
 ``GLIBC_TUNABLES=glibc.malloc.tcache_count=0`` (the cache can only be set when the process
 starts) the same fit peaked at 1,026-1,100 MiB, as fast. Keeping the memory without
 glibc's settings (a free region reserved at the top of the heap for the fit, held in place
-by a block above it) avoided the faults as well but fragmented the same way (1,760 MiB),
-so that is not done (``docs/performance.md`` has the figures).
+by a block above it) fragments the same way: 2,210 MiB with a region of 2 GiB (the kernel's
+time 6 % of the step's), or, bounded to 1 GiB, 1,580 MiB and 40 % (``docs/performance.md``
+has the figures). So it stays glibc's settings, asked for.
 """
 
 from __future__ import annotations

@@ -107,15 +107,14 @@ def fit(
     **Memory on the CPU.** With the environment variable ``PYRO_BBB_KEEP_HEAP=1`` (off by
     default), ``fit`` has glibc's malloc keep the memory a step frees for the next step while
     its epochs run on the CPU, instead of returning it to the OS and taking a page fault per
-    4 KiB to map it again: on large full batches that was more time than the step's
-    arithmetic (the kernel's time fell from 150-180 % to under 5 % of the step's). Results
-    are unchanged; the heap holds what the largest step held and, through fragmentation, up
-    to as much again. The settings are the process's, not the fit's: on return the free
-    memory is handed back and glibc's thresholds are left fixed where its own adjustment
-    would end (mmap threshold 32 MiB, trim threshold 64 MiB), no longer adjusting; a process
-    forked during the fit starts with those. Nothing is done on other C libraries or when
-    glibc's malloc is configured through the environment (``docs/performance.md`` has what
-    changes, exactly, and the figures).
+    4 KiB to map it again: on large full batches the kernel's time fell from 55-180 % of the
+    step's own to 3-6 %. Results are unchanged; the heap holds what the largest step held
+    and, through fragmentation, up to as much again. The settings are the process's, not the
+    fit's: on return the free memory is handed back and glibc's thresholds are left fixed
+    where its own adjustment would end (mmap threshold 32 MiB, trim threshold 64 MiB), no
+    longer adjusting; a process forked during the fit starts with those. Nothing is done on
+    other C libraries or when glibc's malloc is configured through the environment
+    (``docs/performance.md`` has what changes, exactly, and the figures).
 
     **How long.** ``epochs=None`` (the default) trains until the fit has converged
     (:mod:`~pyro_bbb.training.auto_epochs`): β = 0 until the β = 1 loss stops falling, a
