@@ -461,12 +461,16 @@ def _per_draw_pass(module, drawn, sample, args, kwargs, *, vectorised: bool):
 
         def tensors_of_one(index, views):
             out = one(index, views)
+            if isinstance(out, torch.Tensor):
+                return out  # the common case, as it is
             skeletons.append(_map_tensors(lambda t: _TENSOR, out))
             return tuple(_tensor_leaves(out))
 
         index = torch.arange(count, device=_device_of(flat, args))
-        leaves = iter(vmap(tensors_of_one, randomness="different")(index, flat))
-        out = _map_leaves(lambda _: next(leaves), skeletons[-1], leaf=lambda v: v is _TENSOR)
+        out = vmap(tensors_of_one, randomness="different")(index, flat)
+        if skeletons:
+            leaves = iter(out)
+            out = _map_leaves(lambda _: next(leaves), skeletons[-1], leaf=lambda v: v is _TENSOR)
     else:
         outs = [one(i, {site: v[i] for site, v in flat.items()}) for i in range(count)]
         out = _map_tensors(lambda *leaves: torch.stack(leaves), *outs)
