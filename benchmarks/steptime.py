@@ -25,10 +25,11 @@ Pyro AutoNormal
 
 Configurations take turns, ``--steps`` steps at a time, so load from elsewhere on a shared
 machine hits them alike. On glibc the timing process keeps the memory it frees for every
-configuration (``pyro_bbb._heap.kept_heap`` around the whole timing, what ``fit`` does for
-itself; ``--no-steady-heap`` leaves the allocator as it is outside ``fit``): otherwise a
-configuration whose frees happen to land at the top of the heap pays a page fault per 4 KiB
-every step, a matter of the process's history rather than of the step.
+configuration (``pyro_bbb._heap.kept_heap`` around the whole timing, with
+``PYRO_BBB_KEEP_HEAP=1`` so that ``fit`` keeps it too; ``--no-steady-heap`` leaves the
+allocator alone, as ``fit`` does by default): otherwise a configuration whose frees happen
+to land at the top of the heap pays a page fault per 4 KiB every step, a matter of the
+process's history rather than of the step.
 
 On CUDA (``--device cuda``) two more rows: the reference captured whole in one CUDA graph
 (PyTorch's recipe: static input buffers, Adam with ``capturable=True`` and its rate in a
@@ -89,7 +90,7 @@ from pyro.infer.autoguide import AutoNormal
 from torch import nn
 
 import pyro_bbb
-from pyro_bbb._heap import kept_heap
+from pyro_bbb._heap import ENVIRONMENT_VARIABLE, kept_heap
 from pyro_bbb.infer import AnnealedELBO, Ensemble
 
 sys.path.insert(0, str(repository_root() / "examples"))  # networks as users write them
@@ -734,8 +735,9 @@ def main() -> None:
         "--steady-heap",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="keep glibc's freed memory for every configuration (default; fit keeps it for "
-        "itself either way), so page faults that depend on the heap's layout fall on none",
+        help="keep glibc's freed memory for every configuration, fit's steps included "
+        "(default; sets PYRO_BBB_KEEP_HEAP=1 unless given), so page faults that depend on the "
+        "heap's layout fall on none",
     )
     parser.add_argument("--memory-of", nargs=2, metavar=("NET", "LABEL"), help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -752,11 +754,14 @@ def main() -> None:
         print(json.dumps({"mib": memory_of(*args.memory_of, args.memory_steps)}))
         return
     start = time.perf_counter()
-    with kept_heap(args.steady_heap and DEVICE.type == "cpu") as held:
+    steady = args.steady_heap and DEVICE.type == "cpu"
+    if steady:
+        os.environ.setdefault(ENVIRONMENT_VARIABLE, "1")  # fit's steps keep it too
+    with kept_heap(steady) as held:
         args.heap = (
-            "glibc heap kept for every configuration (kept_heap)"
+            "glibc heap kept for every configuration (kept_heap, PYRO_BBB_KEEP_HEAP=1)"
             if held
-            else "allocator's defaults outside fit (fit keeps its heap on the CPU)"
+            else "the allocator's defaults"
         )
         step_table(args)
         if args.throughput:

@@ -139,9 +139,17 @@ class BNN(PyroModule):
             ValueError: On integer features (but token ids), features of another dtype than
                 the weights, mismatched batch sizes or devices, a batch larger than
                 ``num_data``, or targets the likelihood cannot take.
+            TypeError: If the network returns something other than a tensor.
         """
         self._check_inputs(x, y)
         output = self.net(x)
+        if not isinstance(output, torch.Tensor):
+            raise TypeError(
+                f"the network returned a {type(output).__name__}, but a BNN's likelihood reads "
+                "one tensor (batch, ...); return it alone (e.g. forward's `return out` for "
+                "`return out, extra`), or call the network in a Pyro model of your own, which "
+                "may take any output"
+            )
         batch = x.shape[0]
         if y is None:
             plate = pyro.plate("data", batch)

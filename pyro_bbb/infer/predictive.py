@@ -291,9 +291,9 @@ def predict(
             ``"local"`` each point gets its own weight draw, so samples are not joint
             functions across points; for MLPs the marginal predictive per point is the same,
             for conv nets it is approximate (see :mod:`pyro_bbb.infer.reparam`). ``None`` is exact.
-        batch_size: Evaluate ``x`` in chunks of this many rows to bound memory. On the CPU
-            the chunks reuse the memory the previous one freed (glibc; as in
-            :func:`~pyro_bbb.fit`, off with ``PYRO_BBB_KEEP_HEAP=0``).
+        batch_size: Evaluate ``x`` in chunks of this many rows to bound memory. On the CPU,
+            with ``PYRO_BBB_KEEP_HEAP=1``, the chunks reuse the memory the previous one
+            freed (glibc; as in :func:`~pyro_bbb.fit`).
         seed: Seed for Pyro and torch.
 
     Returns:
@@ -316,7 +316,7 @@ def predict(
     chunks = [x] if batch_size is None else list(torch.split(x, batch_size))
     parts: list[dist.TorchDistribution] = []
     draws: list[torch.Tensor] = []
-    # chunks on the CPU reuse the memory the last one freed (see pyro_bbb._heap)
+    # asked to, chunks on the CPU reuse the memory the last one freed (see pyro_bbb._heap)
     with estimator(reparam)(), kept_heap(len(chunks) > 1 and x.device.type == "cpu"):
         guide_trace = poutine.trace(plate(guide)).get_trace(x)
         for chunk in chunks:

@@ -19,10 +19,19 @@ meets draws in one of three ways (:class:`DrawPath`), chosen for each network:
   its own dropout masks and estimator noise), in one vectorised pass.
 * ``"loop"``: the same, one draw after another, for networks ``vmap`` has no rule for
   (``nn.LSTM``, ``nn.GRU``, ``BatchNorm`` updating its running statistics in training mode,
-  a data-dependent branch). Which of ``vmap`` and ``loop`` a network takes is decided the
-  first time it meets draws in a training mode (``net.training``), from the error class
-  ``vmap`` raises (:func:`is_vmap_limitation`); any other error is the network's own and is
-  raised as it is.
+  a data-dependent branch, a backward pass ``vmap`` cannot batch). Which of ``vmap`` and
+  ``loop`` a network takes is decided the first time it meets draws in a training mode
+  (``net.training``), from the error class ``vmap`` raises (:func:`is_vmap_limitation`);
+  any other error is the network's own and is raised as it is. Where gradients are being
+  taken, the decision backpropagates once through the vectorised pass too (a rule ``vmap``
+  has for the forward may be missing for the backward); a decision made without gradients
+  (under ``torch.no_grad()``) is checked again so the first time the network meets draws
+  with them. :func:`settle_draws` makes the decision, backward included, before training.
+
+A network's output may be any nesting of tuples, lists and dicts (named tuples too) whose
+leaves are tensors or anything else (``None``, a number): on every path the tensors get the
+draws' sample dims in front and the other leaves come back as the network returned them
+(from the first draw).
 
 :func:`~pyro_bbb.nn.builders.bayesianize` gives the root of every network that does not
 broadcast a :class:`PerDrawForward`, so ``net(x)`` does this in any Pyro model. Inside a
@@ -128,10 +137,14 @@ _VMAP_LIMITATION = re.compile(
 def is_vmap_limitation(error: BaseException) -> bool:
     """Whether ``error`` says ``vmap`` cannot batch an operation (no rule, in-place update).
 
-    Such an error means the network must run its draws one after another; any other error
-    (a shape mismatch of the network's own, say) is the network's and is not caught.
+    ``vmap`` raises a ``RuntimeError`` for an operation it has no rule for and a
+    ``ValueError`` for what it cannot take or return; either, naming ``vmap`` or its rules,
+    means the network must run its draws one after another. Any other error (a shape
+    mismatch of the network's own, say) is the network's and is not caught.
     """
-    return isinstance(error, RuntimeError) and bool(_VMAP_LIMITATION.search(str(error)))
+    return isinstance(error, (RuntimeError, ValueError)) and bool(
+        _VMAP_LIMITATION.search(str(error))
+    )
 
 
 @contextmanager
@@ -214,10 +227,15 @@ class _NoStatements(Messenger):
 # ------------------------------------------------------------------------- the runner
 @dataclass(frozen=True)
 class PerDrawPath:
-    """The per-draw path a network takes in one training mode, and why."""
+    """The per-draw path a network takes in one training mode, and why.
+
+    ``backward``: whether a ``vmap`` path was chosen after a backward pass through it too
+    (a path decided without gradients is checked again where gradients are taken).
+    """
 
     path: DrawPath
     reason: str = ""  # why a per-draw network took the loop (or broadcast): a layer, an error
+    backward: bool = False
 
 
 class PerDrawForward:
@@ -266,30 +284,65 @@ class PerDrawForward:
         if not sample:
             return forward(module, *args, **kwargs)
         known = self._paths.get(module.training)
-        if known is not None:
-            if known.path is DrawPath.BROADCAST:
-                return forward(module, *args, **kwargs)
-            vectorised = known.path is DrawPath.VMAP
-            return _per_draw_pass(module, drawn, sample, args, kwargs, vectorised=vectorised)
+        if known is not None and known.path is DrawPath.BROADCAST:
+            return forward(module, *args, **kwargs)
+        if known is not None and known.path is DrawPath.LOOP:
+            return _per_draw_pass(module, drawn, sample, args, kwargs, vectorised=False)
+        if known is not None and (known.backward or not _differentiable(module, drawn)):
+            return _per_draw_pass(module, drawn, sample, args, kwargs, vectorised=True)
+        return self._decide(drawn, sample, args, kwargs)
+
+    def _decide(self, drawn, sample, args, kwargs) -> Any:
+        """Try ``vmap`` (and a backward pass through it where gradients are taken); decide."""
+        module = self.module
         innermost = _Innermost(module)
+        backward = _differentiable(module, drawn)
         try:
             with innermost:
                 out = _per_draw_pass(module, drawn, sample, args, kwargs, vectorised=True)
+            if backward:
+                _backpropagate_once(out, module, drawn)
         except _OwnStatementError as statement:
             # A forward written in Pyro (a pyro.factor, a site of its own) is written for
             # draws in front of its activations, as any Pyro model under a plate is.
             reason = f"its forward issues the Pyro statement {statement.name!r} of its own"
             self._paths[module.training] = PerDrawPath(DrawPath.BROADCAST, reason)
-            return forward(module, *args, **kwargs)
-        except RuntimeError as error:
+            return type(module).forward(module, *args, **kwargs)
+        except (RuntimeError, ValueError) as error:
             if not is_vmap_limitation(error):
                 raise
-            where = "the network" if innermost.culprit is None else innermost.culprit
+            if innermost.culprit is not None:
+                where = innermost.culprit
+            else:
+                where = "the network's backward pass" if backward else "the network"
             reason = f"{where}: {str(error).splitlines()[0]}"
             self._paths[module.training] = PerDrawPath(DrawPath.LOOP, reason)
             return _per_draw_pass(module, drawn, sample, args, kwargs, vectorised=False)
-        self._paths[module.training] = PerDrawPath(DrawPath.VMAP)
+        self._paths[module.training] = PerDrawPath(DrawPath.VMAP, backward=backward)
         return out
+
+
+def _differentiable(module: nn.Module, drawn: Mapping[str, tuple[torch.Tensor, int]]) -> bool:
+    """Whether a pass now would be backpropagated: gradients on, and a draw or weight needs one."""
+    if not torch.is_grad_enabled():
+        return False
+    if any(value.requires_grad for value, _ in drawn.values()):
+        return True
+    return any(param.requires_grad for param in module.parameters())
+
+
+def _backpropagate_once(out: Any, module: nn.Module, drawn) -> None:
+    """One backward pass from ``out`` to the draws and weights, leaving no gradient behind.
+
+    Where training will backpropagate through a ``vmap`` pass, its backward must batch too;
+    this finds out at the decision. The graph is kept for the caller's own backward pass.
+    """
+    outputs = [t for t in _tensor_leaves(out) if t.requires_grad and t.is_floating_point()]
+    inputs = [value for value, _ in drawn.values() if value.requires_grad]
+    inputs += [param for param in module.parameters() if param.requires_grad]
+    if outputs and inputs:
+        total = sum(t.sum() for t in outputs)
+        torch.autograd.grad(total, inputs, retain_graph=True, allow_unused=True)
 
 
 def per_draw_forward(net: nn.Module) -> PerDrawForward | None:
@@ -315,10 +368,12 @@ def draw_path(net: nn.Module) -> PerDrawPath | None:
 def settle_draws(net: nn.Module, *args: Any, plate_dim: int = -2) -> PerDrawPath:
     """Decide, now, how ``net`` meets several weight draws in its current training mode.
 
-    A network that does not broadcast is run once on two draws from its prior, under
-    ``torch.no_grad()``, with its buffers and every random state as they were: ``vmap`` or
-    the loop is then known before training (``fit`` calls this at its set-up, on its first
-    minibatch). Without this the decision is made at the first call with draws.
+    A network that does not broadcast is run once on two draws from its prior, and a
+    backward pass taken from its output to those draws (its gradients not kept), with its
+    buffers and every random state as they were: ``vmap`` or the loop is then known before
+    training, including where only the backward pass cannot be batched (``fit`` calls this
+    at its set-up, on its first minibatch). Without this the decision is made at the first
+    call with draws.
 
     Args:
         net: A network from :func:`~pyro_bbb.nn.builders.bayesianize`.
@@ -332,14 +387,15 @@ def settle_draws(net: nn.Module, *args: Any, plate_dim: int = -2) -> PerDrawPath
     if runner is None:
         return PerDrawPath(DrawPath.BROADCAST)
     known = runner.path()
-    if known is None:
+    if known is None or (known.path is DrawPath.VMAP and not known.backward):
         state = pyro.util.get_rng_state()
         try:
             with (
                 torch.random.fork_rng(devices=cuda_devices(net, *args)),
-                torch.no_grad(),
+                torch.enable_grad(),
                 kept_buffers(net),
                 poutine.block(),
+                _DifferentiableDraws(),
                 pyro.plate("draws", 2, dim=plate_dim),
             ):
                 net(*args)
@@ -347,6 +403,15 @@ def settle_draws(net: nn.Module, *args: Any, plate_dim: int = -2) -> PerDrawPath
             pyro.util.set_rng_state(state)
         known = runner.path()
     return known
+
+
+class _DifferentiableDraws(Messenger):
+    """Makes a probe's draws leaves that need gradients, as a guide's draws are."""
+
+    def _pyro_post_sample(self, msg: Message) -> None:
+        value = msg["value"]
+        if isinstance(value, torch.Tensor) and value.is_floating_point():
+            msg["value"] = value.detach().requires_grad_()
 
 
 def describe_draws(net: nn.Module) -> str:
@@ -392,25 +457,56 @@ def _per_draw_pass(module, drawn, sample, args, kwargs, *, vectorised: bool):
                 set_cached_value(module, site, value)
 
     if vectorised:
+        skeletons = []  # the output with its tensors taken out: vmap returns tensors only
+
+        def tensors_of_one(index, views):
+            out = one(index, views)
+            if isinstance(out, torch.Tensor):
+                return out  # the common case, as it is
+            skeletons.append(_map_tensors(lambda t: _TENSOR, out))
+            return tuple(_tensor_leaves(out))
+
         index = torch.arange(count, device=_device_of(flat, args))
-        out = vmap(one, randomness="different")(index, flat)
+        out = vmap(tensors_of_one, randomness="different")(index, flat)
+        if skeletons:
+            leaves = iter(out)
+            out = _map_leaves(lambda _: next(leaves), skeletons[-1], leaf=lambda v: v is _TENSOR)
     else:
         outs = [one(i, {site: v[i] for site, v in flat.items()}) for i in range(count)]
         out = _map_tensors(lambda *leaves: torch.stack(leaves), *outs)
     return _map_tensors(lambda t: t.reshape(*sample, *t.shape[1:]), out)
 
 
-def _map_tensors(fn: Callable[..., torch.Tensor], *trees: Any) -> Any:
-    """``fn`` over the tensors at the same places of nested tuples, lists and dicts."""
+#: Where a tensor was, in an output whose tensors were taken out.
+_TENSOR = object()
+
+
+def _map_leaves(fn: Callable[..., Any], *trees: Any, leaf: Callable[[Any], bool]) -> Any:
+    """``fn`` over the ``leaf`` values at the same places of nested tuples, lists and dicts.
+
+    Anything else (``None``, a number) is passed on from the first tree.
+    """
     first = trees[0]
-    if isinstance(first, torch.Tensor):
+    if leaf(first):
         return fn(*trees)
     if isinstance(first, (tuple, list)):
-        mapped = [_map_tensors(fn, *parts) for parts in zip(*trees, strict=True)]
+        mapped = [_map_leaves(fn, *parts, leaf=leaf) for parts in zip(*trees, strict=True)]
         return type(first)(mapped) if not hasattr(first, "_fields") else type(first)(*mapped)
     if isinstance(first, dict):
-        return {key: _map_tensors(fn, *(tree[key] for tree in trees)) for key in first}
-    return first  # anything else (None, a number) is passed on from the first draw
+        return {key: _map_leaves(fn, *(tree[key] for tree in trees), leaf=leaf) for key in first}
+    return first
+
+
+def _map_tensors(fn: Callable[..., Any], *trees: Any) -> Any:
+    """``fn`` over the tensors at the same places of nested tuples, lists and dicts."""
+    return _map_leaves(fn, *trees, leaf=lambda value: isinstance(value, torch.Tensor))
+
+
+def _tensor_leaves(tree: Any) -> list[torch.Tensor]:
+    """The tensors of a nested output, in the order :func:`_map_tensors` visits them."""
+    found: list[torch.Tensor] = []
+    _map_tensors(found.append, tree)
+    return found
 
 
 def _device_of(flat: Mapping[str, torch.Tensor], args: tuple) -> torch.device:

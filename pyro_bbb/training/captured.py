@@ -17,25 +17,42 @@ the eager fused step: same noise, same loss, same gradients, same update (on the
 for bit; on CUDA the fused Adam kernel reads its rate as float32).
 
 :class:`StaticSteps` runs a fit's steps through it. The first minibatch fixes the static
-shapes; on CUDA its first :data:`WARMUP_STEPS` steps run eagerly on a side stream (they
-create the optimiser's state and the gradients, and let the libraries set themselves up,
-as the recipe requires), the next is captured, and every later one replays the graph. A
-minibatch of another shape, the smaller last one of an epoch, runs the same step eagerly on
-its own tensors. The noise comes from torch's default CUDA generator, which a capture
-registers: each replay advances it as the eager step would, so a captured fit draws the
-same numbers, and its checkpoints hold the generator's state as usual. On the CPU nothing
-is captured; the same step runs on the buffers (slower than fit's default step: it is
-there to be checked against it).
+shapes; with a :class:`Capture` (on CUDA, :class:`CUDAGraphCapture`) its first
+:data:`WARMUP_STEPS` steps run eagerly (on CUDA on a side stream: they create the
+optimiser's state and the gradients, and let the libraries set themselves up, as the
+recipe requires), the next is captured, and every later one replays the graph. A minibatch
+of another shape, the smaller last one of an epoch, runs the same step eagerly on its own
+tensors. The noise comes from torch's default CUDA generator, which a capture registers:
+each replay advances it as the eager step would, so a captured fit draws the same numbers,
+and its checkpoints hold the generator's state as usual. On the CPU nothing is captured;
+the same step runs on the buffers (slower than fit's default step: it is there to be
+checked against it).
 
-:func:`static_steps` decides whether a fit uses it: automatically on CUDA for the fused
-step with fit's default optimiser, no callback between backward pass and update, and one
-process; ``fit(cuda_graph=False)`` turns it off, ``cuda_graph=True`` asks for it and says
-why when it cannot. Nothing here evaluates the ELBO itself.
+**What has never run on the hardware falls back rather than fails.** A capture that fails
+(a network whose forward reads a value back to the host, a library call a graph cannot
+hold) leaves the step's tensors and the generator as they were, and the fit goes on with
+the eager fused step, saying why in one warning; only ``fit(cuda_graph=True)`` raises. The
+capture uses ``capture_error_mode="thread_local"``, so a host allocation on another thread
+(a ``DataLoader``'s pin-memory thread) does not invalidate it. Before each replay a guard
+compares the addresses of what the graph reads and writes (:meth:`StaticStep.bindings`:
+parameters, gradients, the optimiser's state and settings, the learning rates) with those
+it was captured on: a callback that reloads the param store or the optimiser's state, or
+sets the gradients to ``None``, would leave the graph training tensors nobody reads. Then
+the step is captured again, once, and on a second change the fit goes on eagerly; each says
+so.
+
+:func:`static_steps` decides whether a fit uses it: automatically where the device can
+capture (CUDA) for the fused step with fit's default optimiser, no callback between
+backward pass and update, and one process; ``fit(cuda_graph=False)`` turns it off,
+``cuda_graph=True`` asks for it and says why when it cannot. Nothing here evaluates the
+ELBO itself.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import warnings
+from collections.abc import Iterator, Sequence
+from typing import Protocol
 
 import pyro
 import torch
@@ -46,10 +63,21 @@ from .distributed import DataParallel
 from .lr_schedules import LRSchedule
 from .records import record_row
 
-__all__ = ["WARMUP_STEPS", "StaticStep", "StaticSteps", "static_steps"]
+__all__ = [
+    "WARMUP_STEPS",
+    "CUDAGraphCapture",
+    "Capture",
+    "Graph",
+    "StaticStep",
+    "StaticSteps",
+    "static_steps",
+]
 
 #: Eager steps of the static shape before the capture (PyTorch's recipe takes three).
 WARMUP_STEPS = 3
+
+#: How often a fit captures its step again after the tensors it was captured on changed.
+RECAPTURES = 1
 
 
 class StaticStep:
@@ -86,23 +114,170 @@ class StaticStep:
         self.site_names = tuple(terms.sites)
         return record_row(terms)
 
+    def bindings(self) -> list[list[object]]:
+        """Where the step reads and writes, as a captured graph holds it.
+
+        The optimiser's parameter groups and state (by identity: ``load_state_dict``
+        replaces both), each group's settings (a tensor, the learning rate, by address,
+        anything else by value), every trained parameter's address and its gradient's
+        (``0`` when it has none), the addresses of the optimiser's state, and those of the
+        parameters the fused evaluation reads. Two calls give equal lists exactly when a
+        graph captured at the first would still act on what the step uses at the second;
+        :meth:`changed` names the first part that differs.
+        """
+        return [where for _, where in self._bindings()]
+
+    def changed(self, bound: list[list[object]]) -> str:
+        """What differs first between ``bound`` (from :meth:`bindings`) and now, in words."""
+        for (what, where), before in zip(self._bindings(), bound, strict=False):
+            if where != before:
+                return what
+        return "the optimiser's parameters"  # a group or a parameter added or removed
+
+    def _bindings(self) -> Iterator[tuple[str, list[object]]]:
+        optimizer = self.optimizer
+        state = optimizer.state
+        yield "the optimiser", [_Same(optimizer.param_groups), _Same(state)]
+        for group in optimizer.param_groups:
+            params = group["params"]
+            settings = [_where(v) for key, v in group.items() if key != "params"]
+            yield "the optimiser's settings (a learning rate or another)", settings
+            yield "a parameter", [p.data_ptr() for p in params]
+            yield "a gradient", [0 if (g := p.grad) is None else g.data_ptr() for p in params]
+            moments = [_where(v) for p in params for v in state[p].values()]
+            yield "the optimiser's state", moments
+        yield "a parameter the step reads", [p.data_ptr() for p in self.fused.parameters()]
+
+
+class _Same:
+    """An object compared by identity (and kept alive while compared)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: object) -> None:
+        self.value = value
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Same) and other.value is self.value
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+def _where(value: object) -> object:
+    """A tensor's address (a tensor compared by value could read it from the device)."""
+    return value.data_ptr() if isinstance(value, torch.Tensor) else value
+
+
+class Graph(Protocol):
+    """A captured step: :meth:`replay` runs it again on the tensors it was captured on."""
+
+    def replay(self) -> None:
+        """Run the captured kernels again."""
+        ...  # pragma: no cover
+
+
+class Capture(Protocol):
+    """How a device captures a :class:`StaticStep`: its warm-up steps, then the recording.
+
+    :class:`CUDAGraphCapture` on CUDA; tests pass stand-ins to exercise :class:`StaticSteps`
+    on the CPU.
+    """
+
+    def warm_up(self, step: StaticStep, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """Take the step eagerly before the capture; its record row."""
+        ...  # pragma: no cover
+
+    def record(
+        self, step: StaticStep, x: torch.Tensor, y: torch.Tensor
+    ) -> tuple[Graph, torch.Tensor]:
+        """Capture one step on the buffers ``x``, ``y``: the graph and its output row.
+
+        Raises:
+            Exception: Whatever stopped the capture; the step's tensors and the random
+                state are then as they were before the call.
+        """
+        ...  # pragma: no cover
+
+
+class CUDAGraphCapture:
+    """PyTorch's whole-network recipe: warm-up on a side stream, then ``torch.cuda.graph``.
+
+    The capture is ``capture_error_mode="thread_local"``: what other threads do (a
+    ``DataLoader``'s pin-memory thread allocating host memory) does not invalidate it. A
+    capture that fails leaves the current stream and the device's default generator as they
+    were before it (the generator's state is cloned before and put back: a failed capture
+    would otherwise leave it in its capturing state).
+    """
+
+    def __init__(self) -> None:
+        self._stream: torch.cuda.Stream | None = None
+
+    def _side_stream(self, device: torch.device) -> torch.cuda.Stream:
+        if self._stream is None:
+            self._stream = torch.cuda.Stream(device=device)
+        return self._stream
+
+    def warm_up(self, step: StaticStep, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """The step on a side stream, as the recipe asks before a capture."""
+        side = self._side_stream(x.device)
+        current = torch.cuda.current_stream(x.device)
+        side.wait_stream(current)
+        with torch.cuda.stream(side):
+            row = step(x, y)
+        current.wait_stream(side)
+        row.record_stream(current)  # read on the current stream at the epoch's end
+        return row
+
+    def record(
+        self, step: StaticStep, x: torch.Tensor, y: torch.Tensor
+    ) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+        """Capture one step; see :meth:`Capture.record`."""
+        side = self._side_stream(x.device)
+        index = x.device.index if x.device.index is not None else torch.cuda.current_device()
+        generator = torch.cuda.default_generators[index]
+        before = generator.clone_state()
+        graph = torch.cuda.CUDAGraph()
+        try:
+            # the outer context puts the current stream back even where the graph's does not
+            with (
+                torch.cuda.stream(side),
+                torch.cuda.graph(graph, stream=side, capture_error_mode="thread_local"),
+            ):
+                output = step(x, y)
+        except Exception:
+            generator.graphsafe_set_state(before)
+            raise
+        return graph, output
+
 
 class StaticSteps:
     """A fit's steps through a :class:`StaticStep`: buffers, warm-up, capture and replay.
 
     Args:
         step: The step.
-        capture: Capture it as a CUDA graph after the warm-up (CUDA only).
+        capture: How to capture it after the warm-up (:class:`CUDAGraphCapture` on CUDA), or
+            ``None`` to run it on its buffers uncaptured.
+        strict: Raise when the capture fails (``fit(cuda_graph=True)``); otherwise take the
+            eager fused step from there on, with one warning that says why.
         warmup: Eager steps of the static shape before the capture.
     """
 
-    def __init__(self, step: StaticStep, *, capture: bool, warmup: int = WARMUP_STEPS) -> None:
-        self.step, self.capture, self.warmup = step, capture, warmup
+    def __init__(
+        self,
+        step: StaticStep,
+        *,
+        capture: Capture | None,
+        strict: bool = False,
+        warmup: int = WARMUP_STEPS,
+    ) -> None:
+        self.step, self.strict, self.warmup = step, strict, warmup
+        self._capture = capture
         self._inputs: tuple[torch.Tensor, torch.Tensor] | None = None
-        self._graph: torch.cuda.CUDAGraph | None = None
+        self._graph: Graph | None = None
         self._output: torch.Tensor | None = None
-        self._stream: torch.cuda.Stream | None = None
+        self._bound: list[list[object]] = []
         self._warm = 0
+        self._recaptured = 0
 
     @property
     def site_names(self) -> tuple[str, ...]:
@@ -111,8 +286,13 @@ class StaticSteps:
 
     @property
     def captured(self) -> bool:
-        """Whether the step has been captured (and is now replayed)."""
+        """Whether the step is captured now (and replayed)."""
         return self._graph is not None
+
+    @property
+    def capturing(self) -> bool:
+        """Whether the step is, or will be, captured (``False`` once the fit fell back)."""
+        return self._capture is not None
 
     def __call__(self, batch: Sequence[torch.Tensor], beta: float) -> torch.Tensor:
         """One step on ``batch`` with β = ``beta``; its record row (see :class:`StaticStep`)."""
@@ -125,44 +305,74 @@ class StaticSteps:
             return self.step(x, y)  # the smaller last minibatch: eager, on its own tensors
         static_x.copy_(x)
         static_y.copy_(y)
+        if self._graph is not None and self.step.bindings() != self._bound:
+            self._release()
         if self._graph is None:
-            if not self.capture or self._warm < self.warmup:
+            if self._capture is None:
+                return self.step(static_x, static_y)
+            if self._warm < self.warmup:
                 self._warm += 1
-                return self._eager(static_x, static_y)
-            self._graph, self._output = _capture(self.step, static_x, static_y)
+                return self._capture.warm_up(self.step, static_x, static_y)
+            if not self._record(static_x, static_y):
+                return self.step(static_x, static_y)
         self._graph.replay()
         return self._output.clone()
 
-    def _eager(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """The step, eagerly: on CUDA before a capture on a side stream, as the recipe asks."""
-        if not self.capture:
-            return self.step(x, y)
-        if self._stream is None:
-            self._stream = torch.cuda.Stream(device=x.device)
-        current = torch.cuda.current_stream(x.device)
-        self._stream.wait_stream(current)
-        with torch.cuda.stream(self._stream):
-            row = self.step(x, y)
-        current.wait_stream(self._stream)
-        row.record_stream(current)  # read on the current stream at the epoch's end
-        return row
+    def _record(self, x: torch.Tensor, y: torch.Tensor) -> bool:
+        """Capture the step; on failure raise (strict) or fall back, saying why."""
+        try:
+            self._graph, self._output = self._capture.record(self.step, x, y)
+        except Exception as error:
+            why = next(iter(str(error).strip().splitlines()), type(error).__name__)
+            if self.strict:
+                raise RuntimeError(
+                    f"fit could not capture its step as a CUDA graph ({why}); pass "
+                    "cuda_graph=None to fall back to the eager step when a capture fails, or "
+                    "False to train with it from the start (a network whose forward reads a "
+                    "value back to the host, or branches on one, cannot be captured)"
+                ) from error
+            self._capture = None
+            _warn(
+                f"fit could not capture its step as a CUDA graph ({why}); it trains with the "
+                "eager fused step instead (the same step, uncaptured; a network whose forward "
+                "reads a value back to the host, or branches on one, cannot be captured). "
+                "Pass cuda_graph=False to skip the attempt."
+            )
+            return False
+        self._bound = self.step.bindings()
+        return True
+
+    def _release(self) -> None:
+        """Drop a graph whose tensors were replaced: capture again once, then go eager."""
+        changed = self.step.changed(self._bound)
+        self._graph = self._output = None
+        self._bound = []
+        self._warm = 0
+        rates_in_place = all(
+            isinstance(group["lr"], torch.Tensor) for group in self.step.optimizer.param_groups
+        )
+        cause = (
+            f"{changed} that fit's captured CUDA graph reads or writes was replaced between "
+            "steps (e.g. a callback reloaded the param store or the optimiser's state, or set "
+            "the gradients to None), and replaying the graph would train the old tensors"
+        )
+        hint = "; copy new values into the tensors in place (tensor.copy_) to keep the graph"
+        if self._recaptured < RECAPTURES and rates_in_place:
+            self._recaptured += 1
+            _warn(f"{cause}: fit captures its step again{hint}")
+        else:
+            self._capture = None
+            _warn(f"{cause}: fit takes the eager fused step from here on{hint}")
 
 
-def _capture(
-    step: StaticStep, x: torch.Tensor, y: torch.Tensor
-) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
-    """Capture one step on the buffers ``x``, ``y``: the graph and its output row."""
-    graph = torch.cuda.CUDAGraph()
-    try:
-        with torch.cuda.graph(graph):
-            output = step(x, y)
-    except RuntimeError as error:
-        raise RuntimeError(
-            f"fit could not capture its step as a CUDA graph ({error}); pass "
-            "cuda_graph=False to train with the eager step (a network whose forward reads "
-            "a value back to the host, or branches on one, cannot be captured)"
-        ) from error
-    return graph, output
+def _warn(message: str) -> None:
+    """One warning, pointed at the caller of ``fit`` (through the epoch and this runner)."""
+    warnings.warn(message, UserWarning, stacklevel=6)
+
+
+def _capture_for(device: torch.device) -> Capture | None:
+    """How steps on ``device`` are captured: a CUDA graph on CUDA, not at all elsewhere."""
+    return CUDAGraphCapture() if device.type == "cuda" else None
 
 
 def static_steps(
@@ -178,9 +388,10 @@ def static_steps(
     """The static steps a fit takes, or ``None`` for its eager steps.
 
     Args:
-        cuda_graph: ``None``: on CUDA when the step allows it (below); ``False``: never;
-            ``True``: always (on the CPU uncaptured, for checking), or an error saying why
-            not.
+        cuda_graph: ``None``: captured where the device can capture (CUDA) and the step
+            allows it (below), falling back to the eager step, with a warning, if the
+            capture fails; ``False``: never; ``True``: always (on the CPU uncaptured, for
+            checking), or an error saying why not.
         fused: The fused evaluation, ``None`` when the fit traces its steps.
         optimizer: The fit's optimiser.
         rates: Its learning-rate schedule; its rates become tensors when the static steps
@@ -201,7 +412,8 @@ def static_steps(
     """
     if cuda_graph is not None and not isinstance(cuda_graph, bool):
         raise TypeError(f"cuda_graph must be True, False or None, got {cuda_graph!r}")
-    if cuda_graph is False or (cuda_graph is None and device.type != "cuda"):
+    capture = _capture_for(device)
+    if cuda_graph is False or (cuda_graph is None and capture is None):
         return None
     reason = _why_not_static(fused, optimizer, callbacks, parallel)
     if reason is not None:
@@ -210,7 +422,7 @@ def static_steps(
         return None
     rates.hold_in_tensors()
     step = StaticStep(fused, optimizer, params)
-    return StaticSteps(step, capture=device.type == "cuda")
+    return StaticSteps(step, capture=capture, strict=cuda_graph is True)
 
 
 def _why_not_static(

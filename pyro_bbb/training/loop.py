@@ -110,14 +110,17 @@ def fit(
     is read back from the device until an epoch's end (its losses, once); on CUDA the fused
     step is captured as one CUDA graph and replayed (``cuda_graph``).
 
-    **Memory on the CPU.** While its epochs run on the CPU, ``fit`` has glibc's malloc keep
-    the memory a step frees for the next step instead of returning it to the OS and taking a
-    page fault per 4 KiB to map it again (on large full batches, more time than the step's
-    arithmetic); on return the settings are put back and the free memory handed back. The
-    settings are the process's. Results are unchanged; the heap holds what the largest step
-    held. Set the environment variable ``PYRO_BBB_KEEP_HEAP=0`` to turn it off; it does
-    nothing on other C libraries or when glibc's malloc is configured through the
-    environment (``docs/performance.md`` has the details and figures).
+    **Memory on the CPU.** With the environment variable ``PYRO_BBB_KEEP_HEAP=1`` (off by
+    default), ``fit`` has glibc's malloc keep the memory a step frees for the next step while
+    its epochs run on the CPU, instead of returning it to the OS and taking a page fault per
+    4 KiB to map it again: on large full batches the kernel's time fell from 55-180 % of the
+    step's own to 3-6 %. Results are unchanged; the heap holds what the largest step held
+    and, through fragmentation, up to as much again. The settings are the process's, not the
+    fit's: on return the free memory is handed back and glibc's thresholds are left fixed
+    where its own adjustment would end (mmap threshold 32 MiB, trim threshold 64 MiB), no
+    longer adjusting; a process forked during the fit starts with those. Nothing is done on
+    other C libraries or when glibc's malloc is configured through the environment
+    (``docs/performance.md`` has what changes, exactly, and the figures).
 
     **How long.** ``epochs=None`` (the default) trains until more training stops paying
     (:mod:`~pyro_bbb.training.auto_epochs`, :mod:`~pyro_bbb.training.stopping`): β = 0
@@ -226,10 +229,16 @@ def fit(
             written in place; the smaller last minibatch of an epoch runs eagerly).
             ``None`` (the default) does so on CUDA whenever the step is fused, the
             optimiser is the default (fused) Adam, no callback overrides
-            ``on_after_backward`` and the fit runs on one process; ``False`` never;
-            ``True`` asks for it and raises when it cannot (on the CPU it runs the same
-            step on static buffers, uncaptured: slower, there to be checked). The first
-            three steps run eagerly while the graph is set up
+            ``on_after_backward`` and the fit runs on one process; where the capture fails
+            (a forward that reads a value back to the host), the fit goes on with the
+            eager fused step and says why in one warning. ``False`` never; ``True`` asks
+            for it and raises when it cannot (on the CPU it runs the same step on static
+            buffers, uncaptured: slower, there to be checked). The first three steps run
+            eagerly while the graph is set up. Before each replay the tensors the graph
+            was captured on are checked to be still those in use: a callback that replaces
+            them (reloads the param store or the optimiser's state, sets gradients to
+            ``None``) makes the fit capture again once, then go eager, with a warning each
+            time; copying values in place (``tensor.copy_``) keeps the graph
             (:mod:`~pyro_bbb.training.captured`).
         max_steps: The budget of an automatic run (``epochs=None``), in optimiser steps
             (in whole epochs, at least one); ``None`` for the larger of 50,000 steps and 100

@@ -269,7 +269,10 @@ def _check_data(
         widths = {} if widths is None else widths
         if "out" not in widths:
             with torch.no_grad(), poutine.block(), kept_buffers(net):
-                widths["out"] = net(x if rows is None else x[:rows]).shape[-1]
+                out = net(x if rows is None else x[:rows])
+            if not isinstance(out, torch.Tensor):
+                return  # not one tensor: the model says so when it runs (BNN.forward)
+            widths["out"] = out.shape[-1]
         likelihood.check_target(y, widths["out"])
 
 

@@ -17,6 +17,7 @@ import pyro.poutine as poutine
 import pytest
 import torch
 import torch.nn.functional as F
+from pyro.nn import PyroModule
 from torch import nn
 from torch.func import functional_call
 
@@ -24,6 +25,7 @@ import pyro_bbb as bbb
 from pyro_bbb.nn import bayesianize, mlp
 from pyro_bbb.nn.draws import (
     DrawPath,
+    PerDrawPath,
     broadcasts_draws,
     describe_draws,
     draw_path,
@@ -271,7 +273,10 @@ def test_vmap_limitations_are_told_from_errors_of_a_networks_own():
     assert is_vmap_limitation(RuntimeError("Batching rule not implemented for aten::lstm.input."))
     assert is_vmap_limitation(RuntimeError("vmap: inplace arithmetic(self, *extra_args) is not"))
     assert not is_vmap_limitation(RuntimeError("mat1 and mat2 shapes cannot be multiplied"))
-    assert not is_vmap_limitation(ValueError("vmap"))
+    # what vmap cannot take or return is a ValueError of vmap's own
+    assert is_vmap_limitation(ValueError("vmap(one, ...): `one` must only return Tensors"))
+    assert not is_vmap_limitation(ValueError("expected 3 features, got 4"))
+    assert not is_vmap_limitation(KeyError("vmap"))
 
 
 def test_a_moved_recurrent_network_runs_on_its_draws_not_on_weights_it_cached():
@@ -369,3 +374,150 @@ def test_networks_beyond_the_five_run_each_draw_as_the_plain_network(make, x, pa
     )
     torch.testing.assert_close(out, loop)
     assert draw_path(net).path is path
+
+
+# ----------------------------------------------------------------------------- outputs, backward
+class Outputs(nn.Module):
+    """A network returning a tensor beside ``None``, a number and a dict, as some do.
+
+    ``path``: ``"vmap"`` (a convolution), ``"loop"`` (BatchNorm updating its statistics,
+    which vmap cannot batch), ``"broadcast"`` (Linear layers and a Pyro statement of its own:
+    its draws flow through the activations).
+    """
+
+    def __init__(self, path: str) -> None:
+        super().__init__()
+        self.path = path
+        if path == "broadcast":
+            self.body = nn.Linear(3, 4)
+        else:
+            self.body = nn.Sequential(
+                nn.Unflatten(1, (1, 3)),
+                nn.Conv1d(1, 2, 3, padding=1),
+                nn.BatchNorm1d(2, affine=False) if path == "loop" else nn.Identity(),
+                nn.Flatten(1),
+                nn.Linear(6, 4),
+            )
+        self.head = nn.Linear(4, 1)
+
+    def forward(self, x):
+        hidden = torch.tanh(self.body(x))
+        if self.path == "broadcast":
+            pyro.deterministic("hidden", hidden)
+        return self.head(hidden).squeeze(-1), None, {"count": 3, "hidden": hidden}
+
+
+class OutputsModel(PyroModule):
+    """A Pyro model of one's own around such a network: a BNN reads one tensor."""
+
+    max_plate_nesting = 1
+
+    def __init__(self, net, num_data: int) -> None:
+        super().__init__()
+        self.net, self.num_data = net, num_data
+
+    def forward(self, x, y=None):
+        mean, nothing, extra = self.net(x)
+        assert nothing is None and extra["count"] == 3
+        assert extra["hidden"].shape[:-1] == mean.shape  # the draws' dims on every tensor
+        with pyro.plate("data", x.shape[0]):
+            return pyro.sample("obs", pyro.distributions.Normal(mean, 0.5), obs=y)
+
+
+PATHS = {"vmap": DrawPath.VMAP, "loop": DrawPath.LOOP, "broadcast": DrawPath.BROADCAST}
+
+
+@pytest.mark.filterwarnings("ignore:each step's weight draws run through the network one after")
+@pytest.mark.parametrize("path", list(PATHS))
+def test_outputs_with_none_and_other_leaves_run_on_every_path(path):
+    pyro.clear_param_store()
+    torch.manual_seed(0)
+    x, y = _regression(12, 3)
+    plain = Outputs(path)
+    net = bayesianize(plain)
+    model = OutputsModel(net, num_data=12)
+    guide = bbb.MeanFieldGuide(model)
+    history = bbb.fit(model, guide, x, y, epochs=2, num_particles=2, progress=False, seed=0)
+    assert all(torch.isfinite(torch.tensor(history.loss)))
+    assert draw_path(net).path is PATHS[path]
+    assert bbb.predict(model, guide, x, num_samples=3).samples.shape == (3, 12)
+    ensemble = bbb.Ensemble(model, bbb.MeanFieldGuide, k=2)
+    bbb.fit(model, ensemble, x, y, epochs=1, progress=False, seed=0)
+    assert bbb.predict(model, ensemble, x, num_samples=2).samples.shape == (4, 12)
+    if path != "broadcast":  # each draw is the plain network's, leaves as it returns them
+        plain = Outputs(path)
+        draws = {
+            n: p.detach() + 0.3 * torch.randn(3, *p.shape) for n, p in plain.named_parameters()
+        }
+        out = poutine.condition(bayesianize(plain), data=draws)(x)
+        assert out[1] is None and out[2]["count"] == 3
+        for k in range(3):
+            mean, _, extra = functional_call(plain, {n: w[k] for n, w in draws.items()}, (x,))
+            torch.testing.assert_close(out[0][k], mean)
+            torch.testing.assert_close(out[2]["hidden"][k], extra["hidden"])
+
+
+def test_a_bnn_says_when_its_network_returns_more_than_a_tensor():
+    model = bbb.BNN(bayesianize(Outputs("vmap")), bbb.likelihoods.Gaussian(), num_data=12)
+    x, y = _regression(12, 3)
+    with pytest.raises(TypeError, match="the network returned a tuple, but a BNN's likelihood"):
+        bbb.fit(model, bbb.MeanFieldGuide(model), x, y, epochs=1, progress=False)
+
+
+class _BranchingBackward(torch.autograd.Function):
+    """The identity whose backward branches on the gradient: vmap batches its forward only."""
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(x):
+        return x.clone()
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        pass
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad if bool(grad.abs().max() < 1e6) else grad.clamp(-1e6, 1e6)
+
+
+class BackwardBranch(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv1d(1, 2, 3, padding=1)
+        self.fc = nn.Linear(6, 1)
+
+    def forward(self, x):
+        h = torch.relu(self.conv(x.unsqueeze(1))).flatten(1)
+        return self.fc(_BranchingBackward.apply(h))
+
+
+def _backward_branch():
+    """A BNN of :class:`BackwardBranch`, its guide and data."""
+    pyro.clear_param_store()
+    torch.manual_seed(0)
+    x, y = _regression(12, 3)
+    model = bbb.BNN(bayesianize(BackwardBranch()), bbb.likelihoods.Gaussian(), num_data=12)
+    return model, bbb.MeanFieldGuide(model), x, y
+
+
+@pytest.mark.filterwarnings("ignore:each step's weight draws run through the network one after")
+def test_a_backward_pass_vmap_cannot_batch_is_found_at_set_up_and_takes_the_loop():
+    model, guide, x, y = _backward_branch()
+    history = bbb.fit(model, guide, x, y, epochs=2, num_particles=2, progress=False, seed=0)
+    assert all(torch.isfinite(torch.tensor(history.loss)))
+    known = draw_path(model.net)
+    assert known.path is DrawPath.LOOP and "the network's backward pass" in known.reason
+    assert "data-dependent control flow" in known.reason
+
+
+def test_a_path_decided_without_gradients_is_checked_again_with_them():
+    model, guide, x, y = _backward_branch()
+    with torch.no_grad(), pyro.plate("draws", 2, dim=-2):
+        model(x)  # a prediction first: vmap's forward passes
+    assert draw_path(model.net) == PerDrawPath(DrawPath.VMAP, backward=False)
+    elbo = bbb.infer.AnnealedELBO(1.0, num_particles=2)
+    elbo.terms(model, guide, x, y).loss.backward()  # the first step: checked, and looped
+    assert draw_path(model.net).path is DrawPath.LOOP
+    assert all(p.grad is not None for p in guide.parameters())
