@@ -181,15 +181,9 @@ class Checkpointing:
 
     def _check_options(self, written: dict[str, Any]) -> None:
         for name, value in written.items():
-            if name == "automatic" and self.options.get(name, False) != value:
-                kind, resume = (
-                    ("epochs=None (an automatic run)", "epochs=None")
-                    if value
-                    else ("a fixed number of epochs", "epochs= the total to reach")
-                )
-                raise ValueError(
-                    f"{self._where} was written by a fit with {kind}; resume it with {resume}"
-                )
+            if name == "automatic":
+                self._check_automatic("converged" if value is True else value)  # True: strict
+                continue
             if name in self.options and self.options[name] != value:
                 raise ValueError(
                     f"{self._where} was written by a fit with {name}={value!r}; this one has "
@@ -197,6 +191,24 @@ class Checkpointing:
                     f"another {name} the resumed fit takes other steps and can no longer "
                     f"give the uninterrupted fit's result"
                 )
+
+    def _check_automatic(self, written: str | bool) -> None:
+        """Refuse a fixed run's checkpoint to an automatic one, or another ``until``."""
+        mine = self.options.get("automatic", False)
+        if bool(mine) != bool(written):
+            kind, resume = (
+                ("epochs=None (an automatic run)", "epochs=None")
+                if written
+                else ("a fixed number of epochs", "epochs= the total to reach")
+            )
+            raise ValueError(
+                f"{self._where} was written by a fit with {kind}; resume it with {resume}"
+            )
+        if mine != written:
+            raise ValueError(
+                f"{self._where} was written by an automatic run with until={written!r}; this "
+                f"one has until={mine!r}. Resume it with until={written!r}"
+            )
 
     def order_seed(self, seed: int | None) -> int | None:
         """The seed of the minibatch order: the checkpoint's when resuming, else ``seed``."""
