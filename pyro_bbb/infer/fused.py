@@ -32,9 +32,12 @@ autoguides, an ensemble of point-mass members, a network with sample sites outsi
 Bayesian layers, a prior tied to other sites, module-local parameters), and the traced path
 stays the one for those. ``fit`` also compares the sites of one traced
 evaluation with the fused one before using it (a network whose ``forward`` issues sample
-statements of its own is then declined). Tests in ``tests/infer/test_fused.py`` and
-``tests/infer/test_fused_ensemble.py`` check loss and every gradient against the traced path
-for each prior, likelihood, estimator and guide, and for ensembles of each guide's members.
+statements of its own is then declined). The two paths are kept in step by a test that
+takes every guide, prior and estimator the package offers from the package itself (a guide,
+prior family or estimator added later is enumerated without being listed) and checks loss,
+parts and every gradient of the fused path against the traced one, or that the fused path
+declines (``tests/infer/test_fused_every_pair.py``); others check each likelihood and
+ensembles of each guide's members.
 """
 
 from __future__ import annotations

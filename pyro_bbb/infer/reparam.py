@@ -61,6 +61,7 @@ __all__ = [
     "AffineEstimator",
     "Split",
     "estimator",
+    "estimator_names",
     "estimators_by_layer",
     "flipout",
     "flipout_affine",
@@ -434,6 +435,11 @@ _ESTIMATORS: dict[str, Callable[[], AbstractContextManager]] = {
     "local": local_reparameterization,
     "flipout": flipout,
 }
+
+
+def estimator_names() -> tuple[str | None, ...]:
+    """Every name :func:`estimator` takes: ``None`` (plain weight sampling), then the handlers'."""
+    return (None, *_ESTIMATORS)
 
 
 def estimator(name: str | None) -> Callable[[], AbstractContextManager]:
