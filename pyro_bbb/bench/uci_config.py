@@ -16,6 +16,7 @@ from .._validation import (
     check_open_unit_interval,
     check_positive_number,
 )
+from ..infer.reparam import estimator_names
 
 __all__ = ["UCIConfig"]
 
@@ -83,7 +84,7 @@ class UCIConfig:
         check_int("num_particles", self.num_particles, optional=True)
         check_int("n_hidden", self.n_hidden, optional=True)
         check_choice("guide", self.guide, ("meanfield", "lowrank"))
-        check_choice("reparam", self.reparam, (None, "local", "flipout"))
+        check_choice("reparam", self.reparam, estimator_names())
         for name in ("lr", "init_scale", "warmup", "noise_init"):
             check_positive_number(name, getattr(self, name))
         check_nonnegative_number("beta", self.beta)
