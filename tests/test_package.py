@@ -81,3 +81,17 @@ def test_the_top_level_api_of_the_readme_is_there():
         assert hasattr(pyro_bbb, name), name
     assert callable(pyro_bbb.predict) and callable(pyro_bbb.compare)
     assert pyro_bbb.infer.predictive.RegressionPrediction is pyro_bbb.RegressionPrediction
+
+
+def test_no_module_imports_back_a_module_that_imports_it():
+    # Import-linter's layers forbid imports up the package; this finds circles anywhere,
+    # among modules of one layer too (imports under TYPE_CHECKING excluded, as there).
+    grimp = pytest.importorskip("grimp")
+    graph = grimp.build_graph("pyro_bbb", exclude_type_checking_imports=True, cache_dir=None)
+    circles = sorted(
+        (module, imported)
+        for module in graph.modules
+        for imported in graph.find_modules_directly_imported_by(module)
+        if imported != module and graph.chain_exists(importer=imported, imported=module)
+    )
+    assert not circles, f"modules that import each other, directly or through others: {circles}"

@@ -16,12 +16,10 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .._validation import check_choice
-
-if TYPE_CHECKING:
-    from .uci import UCIConfig
+from .uci_config import UCIConfig
 
 __all__ = [
     "METHODS",
@@ -288,8 +286,6 @@ class UCIResults:
         Raises:
             ValueError: If the file holds no UCI run (no ``config`` and ``splits``).
         """
-        from .uci import UCIConfig
-
         data = json.loads(Path(path).read_text())
         if not isinstance(data, dict) or not {"config", "splits"} <= data.keys():
             raise ValueError(f"{path} holds no UCI run: expected 'config' and 'splits' keys")

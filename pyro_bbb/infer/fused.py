@@ -32,9 +32,12 @@ autoguides, an ensemble of point-mass members, a network with sample sites outsi
 Bayesian layers, a prior tied to other sites, module-local parameters), and the traced path
 stays the one for those. ``fit`` also compares the sites of one traced
 evaluation with the fused one before using it (a network whose ``forward`` issues sample
-statements of its own is then declined). Tests in ``tests/infer/test_fused.py`` and
-``tests/infer/test_fused_ensemble.py`` check loss and every gradient against the traced path
-for each prior, likelihood, estimator and guide, and for ensembles of each guide's members.
+statements of its own is then declined). The two paths are kept in step by a test that
+takes every guide, prior and estimator the package offers from the package itself (a guide,
+prior family or estimator added later is enumerated without being listed) and checks loss,
+parts and every gradient of the fused path against the traced one, or that the fused path
+declines (``tests/infer/test_fused_every_pair.py``); others check each likelihood and
+ensembles of each guide's members.
 """
 
 from __future__ import annotations
@@ -47,15 +50,13 @@ from dataclasses import dataclass
 
 import pyro.distributions as dist
 import torch
-from pyro.poutine.messenger import Messenger
-from pyro.poutine.runtime import Message
 
 from .._pyro_compat import module_local_params, run_context, sample_attributes, set_cached_value
+from .._shapes import sample_dims_of
 from ..likelihoods import Bernoulli, Categorical, Gaussian
 from ..model import BNN
 from ..nn.affine import AffineMap
 from ..nn.layers import BayesianAffine
-from ..nn.sample_dims import current_draw, sample_shape_of
 from ._low_rank_block import LowRankBlock, cholesky
 from .elbo import AnnealedELBO, ELBOTerms
 from .ensemble import Ensemble
@@ -63,7 +64,7 @@ from .guides import LowRankGuide, MeanFieldGuide
 from .guides._init import scale_from_rho
 from .guides._params import ParamRef
 from .kl import kl_to_scalar_normal, scalar_normal_parameters
-from .reparam import Split, flipout_affine, local_affine
+from .reparam import AffineEstimator, Split, flipout_affine, local_affine
 
 __all__ = ["FusedELBO", "fused_elbo"]
 
@@ -262,29 +263,19 @@ def _total(terms: list[torch.Tensor]) -> torch.Tensor | None:
     return total
 
 
-class _GivenSplits(Messenger):
+class _GivenSplits(AffineEstimator):
     """Applies an estimator to every Bayesian layer, from splits made by the fused step."""
 
     def __init__(self, op: _AffineOp, splits: dict[str, Split]) -> None:
         super().__init__()
         self._op, self._splits = op, splits
 
-    def _pyro_bayesian_affine(self, msg: Message) -> None:
-        x, weight, bias = msg["args"]
-        kwargs = msg["kwargs"]
-        w_site, b_site, affine = kwargs["weight_site"], kwargs["bias_site"], kwargs["affine"]
-        w = self._split(w_site, weight)
-        b = None if bias is None else self._split(b_site, bias)
-        draw = current_draw()  # inside a per-draw pass: the current draw's part of each
-        if draw is not None:
-            w = w.for_draw(draw, affine.input_event_dims + 1, w_site)
-            b = None if b is None else b.for_draw(draw, 1, b_site)
-        msg["value"] = self._op(affine, x, w, b)
-        msg["done"] = True
-
-    def _split(self, site: str | None, value: torch.Tensor) -> Split:
+    def split(self, site: str | None, value: torch.Tensor, event_dims: int) -> Split:
         split = self._splits.get(site) if site is not None else None
         return Split(value, None, None) if split is None else split
+
+    def apply(self, affine, x, weight, bias):
+        return self._op(affine, x, weight, bias)
 
 
 @dataclass
@@ -395,7 +386,7 @@ class _MeanFieldDraws(_Draws):
                 values[site.name] = value
             variance = scale.pow(2) if self.splits == "variance" else None
             if self.splits:
-                dims = sample_shape_of(shape, site.event_dims)
+                dims = sample_dims_of(shape, site.event_dims)
                 splits[site.name] = Split(loc, variance, value, dims)
             if how[0] == "scalar":
                 term = kl_to_scalar_normal(
@@ -515,7 +506,7 @@ class _LowRankDraws(_Draws):
                         if variances is None
                         else variances[k].reshape(*scale.shape[:-1], *piece.shape)
                     )
-                    dims = sample_shape_of(mean.shape, len(piece.shape))
+                    dims = sample_dims_of(mean.shape, len(piece.shape))
                     splits[piece.site] = Split(mean, variance, value, dims)
             if priors is not None:
                 term = _closed_kl(block, twice_kl, groups)

@@ -51,16 +51,17 @@ from pyro.poutine.runtime import Message
 from pyro.poutine.util import site_is_subsample
 
 from .._pyro_compat import autonormal_latent, low_rank_parts
-from .._shapes import broadcast_shape, collapse_broadcast
+from .._shapes import broadcast_shape, collapse_broadcast, sample_dims
 from ..nn.affine import AffineMap
-from ..nn.draws import DrawPath, draw_path
+from ..nn.draws import Draw, DrawPath, current_draw, draw_path
 from ..nn.network_summary import WEIGHT_SAMPLING, summary
-from ..nn.sample_dims import Draw, current_draw, sample_shape
 from .sites import BLOCK_KEY
 
 __all__ = [
+    "AffineEstimator",
     "Split",
     "estimator",
+    "estimator_names",
     "estimators_by_layer",
     "flipout",
     "flipout_affine",
@@ -101,7 +102,7 @@ class Split:
         """This split for the current draw of a per-draw pass of the network; itself outside one.
 
         Args:
-            draw: The draw under way (:func:`~pyro_bbb.nn.sample_dims.current_draw`).
+            draw: The draw under way (:func:`~pyro_bbb.nn.draws.current_draw`).
             event_dims: The parameter's own dims (2 for a Linear weight, 1 for a bias).
             site: The parameter's site name.
         """
@@ -129,8 +130,60 @@ def _normal_of(fn: dist.TorchDistribution) -> torch.distributions.Normal | None:
     return fn if isinstance(fn, torch.distributions.Normal) else None
 
 
-class _WeightNoiseMessenger(Messenger):
-    """Shared mechanics: remember draws, resolve a layer's weights, dispatch the op."""
+class AffineEstimator(Messenger):
+    """Computes every Bayesian layer's affine op by an estimator, from its parameters' splits.
+
+    The one place where an estimator meets a layer: it takes the layer's
+    ``"bayesian_affine"`` message (:func:`~pyro_bbb.nn.affine.bayesian_affine`), splits the
+    weight and the bias (:meth:`split`) and computes the pre-activation from the splits
+    (:meth:`apply`). Inside a per-draw pass of the network (:mod:`pyro_bbb.nn.draws`) the
+    layer holds the current draw's view of each site: the split is made of the value as
+    drawn and the current draw's part of it kept (rules 3 and 4 there), so every estimator
+    runs on every draw path. Subclasses: the handlers of :func:`local_reparameterization`
+    and :func:`flipout`, which split from the distributions the sites were drawn from, and
+    the fused ELBO's, which is given the splits (:mod:`pyro_bbb.infer.fused`).
+    """
+
+    def _pyro_bayesian_affine(self, msg: Message) -> None:
+        if msg["done"]:
+            return
+        x, weight, bias = msg["args"]
+        kwargs = msg["kwargs"]
+        affine: AffineMap = kwargs["affine"]
+        draw = current_draw()
+        w = self._layer_split(draw, kwargs["weight_site"], weight, affine.input_event_dims + 1)
+        b = None if bias is None else self._layer_split(draw, kwargs["bias_site"], bias, 1)
+        msg["value"] = self.apply(affine, x, w, b)
+        msg["done"] = True
+
+    def _layer_split(
+        self, draw: Draw | None, site: str | None, value: torch.Tensor, event_dims: int
+    ) -> Split:
+        """The split of what a layer holds: for the current draw inside a per-draw pass."""
+        if draw is None:
+            return self.split(site, value, event_dims)
+        split = self.split(site, draw.as_drawn(site, value), event_dims)
+        return split.for_draw(draw, event_dims, site)
+
+    def split(self, site: str | None, value: torch.Tensor, event_dims: int) -> Split:
+        """The split of a layer's parameter.
+
+        Args:
+            site: The parameter's site name; ``None`` for one that is not a site.
+            value: Its value as drawn, ``(*sample, [1,] *shape)`` (sample dims may be none).
+            event_dims: ``len(shape)``.
+        """
+        raise NotImplementedError
+
+    def apply(
+        self, affine: AffineMap, x: torch.Tensor, weight: Split, bias: Split | None
+    ) -> torch.Tensor:
+        """The pre-activation ``(*sample, batch, *out_features)`` from the splits."""
+        raise NotImplementedError
+
+
+class _WeightNoiseMessenger(AffineEstimator):
+    """Splits from the distributions the sites were drawn from: remember draws, resolve."""
 
     name: str
 
@@ -159,34 +212,7 @@ class _WeightNoiseMessenger(Messenger):
             self._auxiliary = name
         self._draws[name] = _Draw(msg["fn"], value, dict(msg["infer"]))
 
-    # -- the layer op
-    def _pyro_bayesian_affine(self, msg: Message) -> None:
-        if msg["done"]:
-            return
-        x, weight, bias = msg["args"]
-        affine: AffineMap = msg["kwargs"]["affine"]
-        w_site, b_site = msg["kwargs"]["weight_site"], msg["kwargs"]["bias_site"]
-        w_dims = affine.input_event_dims + 1
-        draw = current_draw()
-        if draw is None:
-            w = self._split(w_site, weight, w_dims)
-            b = None if bias is None else self._split(b_site, bias, 1)
-        else:  # a per-draw pass of the network: split the draws, keep the current one's part
-            w = self._split(w_site, draw.as_drawn(w_site, weight), w_dims)
-            w = w.for_draw(draw, w_dims, w_site)
-            if bias is not None:
-                b = self._split(b_site, draw.as_drawn(b_site, bias), 1).for_draw(draw, 1, b_site)
-            else:
-                b = None
-        msg["value"] = self._apply(affine, x, w, b)
-        msg["done"] = True
-
-    def _apply(
-        self, affine: AffineMap, x: torch.Tensor, weight: Split, bias: Split | None
-    ) -> torch.Tensor:
-        raise NotImplementedError
-
-    def _split(self, site: str | None, value: torch.Tensor, event_dims: int) -> Split:
+    def split(self, site: str | None, value: torch.Tensor, event_dims: int) -> Split:
         draw = self._draws.get(site) if site is not None else None
         if draw is None:  # a deterministic or conditioned parameter: nothing to reparameterise
             return Split(value, None, None)
@@ -205,7 +231,7 @@ class _WeightNoiseMessenger(Messenger):
                 raise NotImplementedError(self._unsupported(site, draw))
             shared = collapse_broadcast(normal.loc, event_dims)
             variance = collapse_broadcast(normal.scale, event_dims).pow(2)
-        return Split(shared, variance, value, tuple(sample_shape(value, event_dims)))
+        return Split(shared, variance, value, tuple(sample_dims(value, event_dims)))
 
     def _source(self, site: str, draw: _Draw) -> _Draw:
         """Follow AutoNormal's ``Delta`` at a real site to its ``<site>_unconstrained`` draw."""
@@ -261,7 +287,7 @@ class LocalReparameterizationMessenger(_WeightNoiseMessenger):
 
     name = "local_reparameterization"
 
-    def _apply(self, affine, x, weight, bias):
+    def apply(self, affine, x, weight, bias):
         return local_affine(affine, x, weight, bias)
 
 
@@ -270,7 +296,7 @@ class FlipoutMessenger(_WeightNoiseMessenger):
 
     name = "flipout"
 
-    def _apply(self, affine, x, weight, bias):
+    def apply(self, affine, x, weight, bias):
         return flipout_affine(affine, x, weight, bias)
 
 
@@ -409,6 +435,11 @@ _ESTIMATORS: dict[str, Callable[[], AbstractContextManager]] = {
     "local": local_reparameterization,
     "flipout": flipout,
 }
+
+
+def estimator_names() -> tuple[str | None, ...]:
+    """Every name :func:`estimator` takes: ``None`` (plain weight sampling), then the handlers'."""
+    return (None, *_ESTIMATORS)
 
 
 def estimator(name: str | None) -> Callable[[], AbstractContextManager]:

@@ -9,7 +9,8 @@
 * :mod:`~pyro_bbb.nn.module_layer`: :class:`BayesianModule`, any other module by weight
   sampling;
 * :mod:`~pyro_bbb.nn.draws`: how several weight draws at once reach a network (through its
-  layers where that is proved safe, else around its ``forward``, once per draw);
+  layers where that is proved safe, else around its ``forward``, once per draw), and what a
+  layer may ask of the draw under way;
 * :mod:`~pyro_bbb.nn.builders`: :func:`bayesianize` any ``nn.Module``, or build an
   :func:`mlp` in one call;
 * :mod:`~pyro_bbb.nn.network_summary`: :func:`summary`, a table of every parameter of a network;

@@ -7,10 +7,9 @@ applies them. It knows nothing of priors, guides or estimators.
 
 **Shapes.** Under Pyro plates a global weight site drawn ``P`` times (particles, predictive
 samples) has shape ``(P, 1, *weight_shape)``: the ``1`` is the data plate's dim; replayed by
-``Predictive`` it is ``(P, *weight_shape)``. :func:`~pyro_bbb.nn.sample_dims.sample_shape`
-drops that trailing ``1`` where present, and the remaining sample dims broadcast against the
-input's leading dims. Inputs are
-``(*sample, batch, *features)`` where ``sample`` may be empty (the first layer) and
+``Predictive`` it is ``(P, *weight_shape)``. The maps drop that trailing ``1`` where
+present, and the remaining sample dims broadcast against the input's leading dims. Inputs
+are ``(*sample, batch, *features)`` where ``sample`` may be empty (the first layer) and
 ``features`` is ``(in_features,)`` or ``(channels, *spatial)``. Outputs are
 ``(*broadcast(sample, weight_sample), batch, *out_features)``. ``torch.nn.functional.linear``
 and ``conv*d`` accept neither, which is why ``nn.Linear`` cannot be vectorised over samples.
@@ -20,8 +19,7 @@ when no Pyro handler is active. Under a handler it is a message of type
 ``"bayesian_affine"`` carrying the weight and bias *site names*, so an estimator such as
 local reparameterisation can replace the computation (see :mod:`pyro_bbb.infer.reparam`).
 Inside a per-draw pass of a network (:mod:`pyro_bbb.nn.draws`) the layer hands it the
-current draw's weights, and a handler finds the draw they belong to with
-:meth:`~pyro_bbb.nn.sample_dims.Draw.as_drawn`.
+current draw's weights; what a handler may then ask of the draw is stated there.
 """
 
 from __future__ import annotations
@@ -33,8 +31,7 @@ import torch
 import torch.nn.functional as F
 from pyro.poutine.runtime import effectful
 
-from .._shapes import broadcast_shape
-from .sample_dims import sample_shape
+from .._shapes import broadcast_shape, sample_dims
 
 __all__ = [
     "AffineMap",
@@ -86,7 +83,7 @@ class AffineMap:
         trailing = [1] * (self.output_event_dims - 1)
         if bias.dim() == 1:
             return bias.reshape(*bias.shape, *trailing)
-        return bias.reshape(*sample_shape(bias, 1), 1, bias.shape[-1], *trailing)
+        return bias.reshape(*sample_dims(bias, 1), 1, bias.shape[-1], *trailing)
 
     def feature_dims(self, x: torch.Tensor) -> torch.Size:
         """The trailing feature dims of an input."""
@@ -105,8 +102,8 @@ class LinearMap(AffineMap):
     ) -> torch.Tensor:
         if weight.dim() == 2 and (bias is None or bias.dim() == 1):
             return F.linear(x, weight, bias)  # a plain weight, as nn.Linear (the usual case)
-        w_sample = sample_shape(weight, 2)
-        b_sample = () if bias is None else sample_shape(bias, 1)
+        w_sample = sample_dims(weight, 2)
+        b_sample = () if bias is None else sample_dims(bias, 1)
         if math.prod(w_sample) == 1 and math.prod(b_sample) == 1:
             # One weight for every example (possibly with unit sample dims, as local
             # reparameterisation's shared mean has): one fused x Wᵀ + b, as nn.Linear.
@@ -184,7 +181,7 @@ class ConvMap(AffineMap):
             raise ValueError(
                 f"x must be (*sample, batch, channels, {spatial}), got shape {tuple(x.shape)}"
             )
-        weight_sample = sample_shape(weight, event + 1)
+        weight_sample = sample_dims(weight, event + 1)
         weight = _squeeze_sample(weight, event + 1, weight_sample)
         if not weight_sample:
             lead = x.shape[:-event]

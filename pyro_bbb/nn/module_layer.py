@@ -18,9 +18,10 @@ from torch import nn
 from torch.func import functional_call
 
 from .._pyro_compat import PyroNameSharing, pyro_name, user_class
+from .._shapes import sample_dims
 from ..priors import PriorSpec
+from .draws import current_draw
 from .layers import BayesianLayer
-from .sample_dims import current_draw, sample_shape
 
 __all__ = ["BayesianModule"]
 
@@ -37,8 +38,8 @@ class BayesianModule(PyroNameSharing, BayesianLayer):
 
     The module sees one draw of its parameters at a time, with the shapes it was written
     for: when the weights carry sample dims (several particles, ``predict``, an ensemble),
-    a :class:`~pyro_bbb.BNN` runs its network once per draw
-    (:class:`~pyro_bbb.nn.draws.DrawRunner`), and this layer reads the current draw's values.
+    the network runs once per draw (:class:`~pyro_bbb.nn.draws.PerDrawForward`), and this
+    layer reads the current draw's values (rules 1 and 2 of :mod:`pyro_bbb.nn.draws`).
     Called on its own with drawn sample dims, outside such a pass, it raises.
 
     Args:
@@ -71,7 +72,7 @@ class BayesianModule(PyroNameSharing, BayesianLayer):
         for name, value in params.items():
             # Taken out, not left empty: functional_call then hands each value over by
             # setattr, which modules that cache their weights (nn.LSTM) follow.
-            del module._parameters[name]
+            delattr(module, name)
             fan_in = int(value[0].numel()) if value.dim() > 1 else 1
             self._add_parameter(name, value, fan_in)
         self.parameter_names = tuple(params)
@@ -110,7 +111,7 @@ class BayesianModule(PyroNameSharing, BayesianLayer):
             if value is None:
                 continue
             dims = len(self.parameter_shape(name))
-            if draw is None and value.dim() > dims and sample_shape(value, dims):
+            if draw is None and value.dim() > dims and sample_dims(value, dims):
                 raise ValueError(
                     f"{type(self).__name__} {pyro_name(self) or '(root)'!r}: parameter "
                     f"{name!r} was drawn with sample dims, shape {tuple(value.shape)}; a module "

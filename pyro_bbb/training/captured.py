@@ -7,14 +7,32 @@ whole-network recipe, ``torch.cuda.graph``) records every kernel of one step, fo
 backward and optimiser update, and replays them with one launch; what a step reads must
 then sit at the same addresses every time, and nothing in it may wait for the host.
 
-:class:`StaticStep` is that step for :class:`~pyro_bbb.infer.fused.FusedELBO`: the
-minibatch is copied into buffers that stay where they are, β is a 0-dim tensor written
-before each step (:attr:`StaticStep.beta`), the learning rates are tensors the schedule
-writes into (:meth:`~pyro_bbb.training.lr_schedules.LRSchedule.hold_in_tensors`), the
+:class:`StaticStep` is that step: the minibatch is copied into buffers that stay where
+they are, β is a 0-dim tensor written before each step (:attr:`StaticStep.beta`), the
 gradients are zeroed in place instead of freed, and the step's record
 (:func:`~pyro_bbb.training.records.record_row`) is an output tensor. It computes exactly
 the eager fused step: same noise, same loss, same gradients, same update (on the CPU bit
 for bit; on CUDA the fused Adam kernel reads its rate as float32).
+
+**What a static step asks of the objects it captures.** This is the whole contract, each
+part met by a public method of the object that owns it:
+
+* the evaluation (:class:`StaticEvaluation`; :class:`~pyro_bbb.infer.fused.FusedELBO` is
+  one): ``terms(x, y, beta=β)`` reads β from a 0-dim tensor on the device, draws its noise
+  from torch's default generator and, once its caches are filled, copies nothing from the
+  host; ``parameters()`` names the tensors it reads;
+* the optimiser: one fused kernel over every parameter whose learning rate may be a tensor
+  (Adam or AdamW with ``fused=True``, fit's default optimiser;
+  :func:`~pyro_bbb.training.optimizers.why_not_capturable` says when it is not), its state
+  updated, and reset by :func:`~pyro_bbb.training.optimizers.reset_moments`, in place;
+* the learning-rate schedule: its rates held in tensors it writes in place
+  (:meth:`~pyro_bbb.training.lr_schedules.LRSchedule.hold_in_tensors`, which the step
+  calls; :attr:`~pyro_bbb.training.lr_schedules.LRSchedule.holds_in_tensors` says whether
+  they still are), while the optimiser's ``state_dict`` keeps giving them as numbers;
+* the fit: no callback acting between the backward pass and the update, one process.
+
+Anything else may change between steps only in place: what the graph reads and writes is
+compared before each replay (below).
 
 :class:`StaticSteps` runs a fit's steps through it. The first minibatch fixes the static
 shapes; with a :class:`Capture` (on CUDA, :class:`CUDAGraphCapture`) its first
@@ -57,10 +75,11 @@ from typing import Protocol
 import pyro
 import torch
 
-from ..infer.fused import FusedELBO
+from ..infer.elbo import ELBOTerms
 from .callbacks import Callback
 from .distributed import DataParallel
 from .lr_schedules import LRSchedule
+from .optimizers import why_not_capturable
 from .records import record_row
 
 __all__ = [
@@ -68,6 +87,7 @@ __all__ = [
     "CUDAGraphCapture",
     "Capture",
     "Graph",
+    "StaticEvaluation",
     "StaticStep",
     "StaticSteps",
     "static_steps",
@@ -80,19 +100,40 @@ WARMUP_STEPS = 3
 RECAPTURES = 1
 
 
+class StaticEvaluation(Protocol):
+    """What a static step evaluates: the ELBO's terms, β read on the device.
+
+    :class:`~pyro_bbb.infer.fused.FusedELBO` is one (see the module's notes).
+    """
+
+    def terms(self, x: torch.Tensor, y: torch.Tensor, *, beta: torch.Tensor) -> ELBOTerms:
+        """The terms on a minibatch, β read from the 0-dim tensor ``beta`` when the step runs."""
+        ...  # pragma: no cover
+
+    def parameters(self) -> list[torch.Tensor]:
+        """The tensors the evaluation reads, besides its inputs."""
+        ...  # pragma: no cover
+
+
 class StaticStep:
     """One optimiser step of the fused ELBO whose per-step inputs are tensors kept in place.
 
     Args:
-        fused: The fused evaluation of the model, guide, ELBO and estimator.
-        optimizer: The optimiser; its rates are tensors written in place (see the module).
+        evaluation: The fused evaluation of the model, guide, ELBO and estimator.
+        optimizer: The optimiser over ``params`` (see the module's notes).
+        rates: Its learning-rate schedule; the step holds its rates in tensors.
         params: The trained parameters (β takes the first one's dtype and device).
     """
 
     def __init__(
-        self, fused: FusedELBO, optimizer: torch.optim.Optimizer, params: Sequence[torch.Tensor]
+        self,
+        evaluation: StaticEvaluation,
+        optimizer: torch.optim.Optimizer,
+        rates: LRSchedule,
+        params: Sequence[torch.Tensor],
     ) -> None:
-        self.fused, self.optimizer = fused, optimizer
+        self.evaluation, self.optimizer, self.rates = evaluation, optimizer, rates
+        rates.hold_in_tensors()
         like = params[0]
         #: β, written before each step; the step reads it on the device.
         self.beta = torch.zeros((), dtype=like.dtype, device=like.device)
@@ -108,7 +149,7 @@ class StaticStep:
         # zeroed in place: a captured step writes the same gradient buffers every replay
         self.optimizer.zero_grad(set_to_none=False)
         with pyro.validation_enabled(False):
-            terms = self.fused.terms(x, y, beta=self.beta)
+            terms = self.evaluation.terms(x, y, beta=self.beta)
         terms.loss.backward()
         self.optimizer.step()
         self.site_names = tuple(terms.sites)
@@ -121,7 +162,7 @@ class StaticStep:
         replaces both), each group's settings (a tensor, the learning rate, by address,
         anything else by value), every trained parameter's address and its gradient's
         (``0`` when it has none), the addresses of the optimiser's state, and those of the
-        parameters the fused evaluation reads. Two calls give equal lists exactly when a
+        parameters the evaluation reads. Two calls give equal lists exactly when a
         graph captured at the first would still act on what the step uses at the second;
         :meth:`changed` names the first part that differs.
         """
@@ -146,7 +187,7 @@ class StaticStep:
             yield "a gradient", [0 if (g := p.grad) is None else g.data_ptr() for p in params]
             moments = [_where(v) for p in params for v in state[p].values()]
             yield "the optimiser's state", moments
-        yield "a parameter the step reads", [p.data_ptr() for p in self.fused.parameters()]
+        yield "a parameter the step reads", [p.data_ptr() for p in self.evaluation.parameters()]
 
 
 class _Same:
@@ -348,9 +389,7 @@ class StaticSteps:
         self._graph = self._output = None
         self._bound = []
         self._warm = 0
-        rates_in_place = all(
-            isinstance(group["lr"], torch.Tensor) for group in self.step.optimizer.param_groups
-        )
+        rates_in_place = self.step.rates.holds_in_tensors
         cause = (
             f"{changed} that fit's captured CUDA graph reads or writes was replaced between "
             "steps (e.g. a callback reloaded the param store or the optimiser's state, or set "
@@ -377,7 +416,7 @@ def _capture_for(device: torch.device) -> Capture | None:
 
 def static_steps(
     cuda_graph: bool | None,
-    fused: FusedELBO | None,
+    fused: StaticEvaluation | None,
     optimizer: torch.optim.Optimizer,
     rates: LRSchedule,
     params: Sequence[torch.Tensor],
@@ -395,7 +434,7 @@ def static_steps(
         fused: The fused evaluation, ``None`` when the fit traces its steps.
         optimizer: The fit's optimiser.
         rates: Its learning-rate schedule; its rates become tensors when the static steps
-            are taken.
+            are taken (:meth:`~pyro_bbb.training.lr_schedules.LRSchedule.hold_in_tensors`).
         params: The trained parameters.
         callbacks: The fit's callbacks.
         parallel: The process group.
@@ -420,13 +459,12 @@ def static_steps(
         if cuda_graph:
             raise ValueError(f"cuda_graph=True, but {reason}; pass cuda_graph=False or None")
         return None
-    rates.hold_in_tensors()
-    step = StaticStep(fused, optimizer, params)
+    step = StaticStep(fused, optimizer, rates, params)
     return StaticSteps(step, capture=capture, strict=cuda_graph is True)
 
 
 def _why_not_static(
-    fused: FusedELBO | None,
+    fused: StaticEvaluation | None,
     optimizer: torch.optim.Optimizer,
     callbacks: Sequence[Callback],
     parallel: DataParallel,
@@ -438,14 +476,9 @@ def _why_not_static(
             "LowRankGuide or an Ensemble of either, its sample sites all in Bayesian affine "
             "layers)"
         )
-    if type(optimizer) not in (torch.optim.Adam, torch.optim.AdamW) or not all(
-        group.get("fused") for group in optimizer.param_groups
-    ):
-        return (
-            f"the optimiser is {type(optimizer).__name__} "
-            f"(fused={optimizer.param_groups[0].get('fused')}); a static step needs Adam or "
-            "AdamW with fused=True (fit's default optimiser)"
-        )
+    reason = why_not_capturable(optimizer)
+    if reason is not None:
+        return reason
     for callback in callbacks:
         if type(callback).on_after_backward is not Callback.on_after_backward:
             return (

@@ -213,6 +213,15 @@ class LRSchedule:
         rate = self.optimizer.param_groups[0]["lr"]
         return self._lr if isinstance(rate, torch.Tensor) else float(rate)
 
+    @property
+    def holds_in_tensors(self) -> bool:
+        """Whether every group's rate is a tensor set in place (:meth:`hold_in_tensors`).
+
+        False again after the optimiser's state was loaded (``load_state_dict`` gives the
+        rates back as numbers).
+        """
+        return all(isinstance(group["lr"], torch.Tensor) for group in self.optimizer.param_groups)
+
     def hold_in_tensors(self) -> None:
         """Keep every group's rate in a tensor on its parameters' device, set in place.
 
@@ -224,7 +233,7 @@ class LRSchedule:
         checkpoint resumes with any optimiser set-up.
         """
         groups = self.optimizer.param_groups
-        if all(isinstance(group["lr"], torch.Tensor) for group in groups):
+        if self.holds_in_tensors:
             return
         capturable = [group.get("capturable") for group in groups]
         for group in groups:

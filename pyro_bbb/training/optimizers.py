@@ -3,8 +3,9 @@
 Pyro's ``PyroOptim`` builds one optimiser per parameter, which costs more than the network
 on small models; ``fit`` builds one over all of them, by default ``torch.optim.Adam`` with
 its fused implementation where the parameters allow it; :func:`reset_moments` makes it
-forget its running statistics (an automatic run does where β reaches 1). Nothing here
-trains.
+forget its running statistics (an automatic run does where β reaches 1), in place; and
+:func:`why_not_capturable` says whether a step can be captured with it (what
+:mod:`~pyro_bbb.training.captured` asks of an optimiser). Nothing here trains.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from collections.abc import Callable
 
 import torch
 
-__all__ = ["OptimizerSpec", "make_optimizer", "reset_moments"]
+__all__ = ["OptimizerSpec", "make_optimizer", "reset_moments", "why_not_capturable"]
 
 OptimizerSpec = type[torch.optim.Optimizer] | Callable[[list[torch.Tensor]], torch.optim.Optimizer]
 """A ``torch.optim.Optimizer`` class (built with ``lr``) or a function params -> optimiser."""
@@ -60,6 +61,24 @@ def make_optimizer(
     raise TypeError(
         "optimizer must be a torch.optim.Optimizer class or a function params -> optimizer, "
         f"got {spec!r}"
+    )
+
+
+def why_not_capturable(optimizer: torch.optim.Optimizer) -> str | None:
+    """Why a step of ``optimizer`` cannot be captured in a CUDA graph, or ``None`` if it can.
+
+    A captured step needs one fused kernel over every parameter that reads its learning rate
+    from a tensor on the device: ``torch.optim.Adam`` or ``AdamW`` with ``fused=True``
+    (:func:`make_optimizer`'s default where the parameters allow it).
+    """
+    if type(optimizer) in (torch.optim.Adam, torch.optim.AdamW) and all(
+        group.get("fused") for group in optimizer.param_groups
+    ):
+        return None
+    return (
+        f"the optimiser is {type(optimizer).__name__} "
+        f"(fused={optimizer.param_groups[0].get('fused')}); a static step needs Adam or "
+        "AdamW with fused=True (fit's default optimiser)"
     )
 
 

@@ -137,9 +137,9 @@ def _sampled_kl(model):
 @pytest.mark.parametrize("guide", list(GUIDES))
 @pytest.mark.parametrize("reparam", [None, "local", "flipout"])
 @pytest.mark.parametrize("likelihood", list(LIKELIHOODS))
-@pytest.mark.parametrize("prior", list(PRIORS))
-def test_fused_terms_equal_the_traced_elbo(prior, likelihood, reparam, guide):
-    model, x, y = _problem(prior, likelihood)
+def test_fused_terms_equal_the_traced_elbo_for_every_likelihood(likelihood, reparam, guide):
+    # every guide x prior x estimator the package offers: test_fused_every_pair.py
+    model, x, y = _problem("gaussian", likelihood)
     _compare(model, GUIDES[guide](model), x, y, reparam)
 
 

@@ -79,6 +79,17 @@ def test_a_wrapped_module_computes_what_the_module_computes_with_the_drawn_weigh
     torch.testing.assert_close(c, c_ref)
 
 
+def test_a_wrapped_module_called_on_drawn_sample_dims_outside_a_per_draw_pass_says_so():
+    # the layer on its own, not a network's root: no runner takes the draws one at a time
+    layer = bayesianize(nn.Sequential(nn.LayerNorm(3)))[0]
+    assert isinstance(layer, BayesianModule)
+    with (
+        pytest.raises(ValueError, match=r"'0': parameter 'weight' was drawn with sample dims"),
+        pyro.plate("draws", 2, dim=-2),
+    ):
+        layer(torch.randn(4, 3))
+
+
 def one_draw(draws, shapes, s):
     return {name: value[s].reshape(shapes[name]) for name, value in draws.items()}
 

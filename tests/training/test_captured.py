@@ -10,7 +10,9 @@ runs the recorded step again on the same buffers.
 
 from __future__ import annotations
 
+import ast
 import collections
+import inspect
 import itertools
 import warnings
 
@@ -212,7 +214,7 @@ def test_the_static_step_equals_the_eager_fused_step(guide, net, mode):
         rates = LRSchedule(lambda t: FACTORS[round(t)], optim)
         rates.hold_in_tensors()  # both alike: on CUDA the fused kernel reads a float32 rate
         if static:
-            runner = StaticSteps(StaticStep(fused, optim, params), capture=_capture(mode))
+            runner = StaticSteps(StaticStep(fused, optim, rates, params), capture=_capture(mode))
         else:
             steps = Steps(
                 model, g, elbo, estimator(None), optim, params, data_parallel(), [], rates,
@@ -525,8 +527,9 @@ def test_the_guard_names_what_was_replaced(replace, named, recaptured):
     x, y = _data()
     fused = fused_elbo(model, g, AnnealedELBO(1.0), None)
     optim = make_optimizer(None, params, 1e-2)
-    LRSchedule(1.0, optim).hold_in_tensors()
-    runner = StaticSteps(StaticStep(fused, optim, params), capture=_Replaying())
+    runner = StaticSteps(
+        StaticStep(fused, optim, LRSchedule(1.0, optim), params), capture=_Replaying()
+    )
     for _ in range(captured.WARMUP_STEPS + 2):
         runner((x[:BATCH], y[:BATCH]), 1.0)
     assert runner.captured
@@ -631,9 +634,23 @@ def test_the_static_step_neither_reads_from_nor_copies_from_the_host(
     assert draw_path(model.net).path is PATHS[net]
     params = [v.unconstrained() for v in pyro.get_param_store().values()]
     optim = make_optimizer(None, params, 1e-2)
-    LRSchedule(1.0, optim).hold_in_tensors()
-    runner = StaticSteps(StaticStep(fused, optim, params), capture=None)
+    runner = StaticSteps(StaticStep(fused, optim, LRSchedule(1.0, optim), params), capture=None)
     runner((x[:BATCH], y[:BATCH]), 0.5)  # caches (priors, constants) fill, as in the warm-up
     with _CaptureHazards() as hazards:
         runner.step(x[:BATCH], y[:BATCH])  # the step a capture records
     assert not hazards.seen, dict(hazards.seen)
+
+
+def test_the_static_step_reaches_what_it_captures_through_public_names_only():
+    # Its contract with the evaluation, the optimiser and the schedule is their public
+    # methods (the module's notes): no private attribute of anything but the step itself.
+    tree = ast.parse(inspect.getsource(captured))
+    private = sorted(
+        f"{ast.unparse(node.value)}.{node.attr} (line {node.lineno})"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute)
+        and node.attr.startswith("_")
+        and not node.attr.startswith("__")
+        and not (isinstance(node.value, ast.Name) and node.value.id == "self")
+    )
+    assert not private, private

@@ -145,6 +145,7 @@ def test_rates_held_in_tensors_move_in_place_and_read_as_numbers(spec):
     as_numbers = LRSchedule(spec, torch.optim.Adam(params, lr=0.02, fused=True))
     held = LRSchedule(spec, torch.optim.Adam(params, lr=0.02, fused=True))
     held.hold_in_tensors()
+    assert held.holds_in_tensors and not as_numbers.holds_in_tensors
     rate = held.optimizer.param_groups[0]["lr"]
     assert isinstance(rate, torch.Tensor) and rate.dtype == torch.float64  # on the CPU: exact
     for epoch in range(4):
@@ -165,6 +166,9 @@ def test_rates_held_in_tensors_move_in_place_and_read_as_numbers(spec):
     fresh = torch.optim.Adam(params, lr=1.0, fused=True)
     fresh.load_state_dict(held.optimizer.state_dict())
     assert fresh.param_groups[0]["lr"] == as_numbers.lr
+    # loaded back, the rates are numbers again: a captured step must know
+    held.optimizer.load_state_dict(held.optimizer.state_dict())
+    assert not held.holds_in_tensors
 
 
 def test_a_rate_given_as_a_tensor_starts_every_factor_from_its_first_value():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pyro_bbb.training.optimizers import make_optimizer
+from pyro_bbb.training.optimizers import make_optimizer, why_not_capturable
 
 
 def _param(dtype=torch.float32) -> torch.nn.Parameter:
@@ -52,3 +52,15 @@ def test_anything_else_is_refused_saying_what_was_given():
         make_optimizer(lambda ps: list(ps), [_param()], 0.1)
     with pytest.raises(TypeError, match=r"optimizer must be .* got 'adam'"):
         make_optimizer("adam", [_param()], 0.1)
+
+
+def test_only_the_fused_adams_can_be_captured_and_the_others_say_why():
+    params = [torch.zeros(3, requires_grad=True)]
+    assert why_not_capturable(make_optimizer(None, params, 0.1)) is None
+    assert why_not_capturable(torch.optim.AdamW(params, fused=True)) is None
+    for optim, named in [
+        (torch.optim.Adam(params), "Adam (fused=None)"),
+        (torch.optim.SGD(params, lr=0.1), "SGD (fused=None)"),
+    ]:
+        reason = why_not_capturable(optim)
+        assert reason.startswith(f"the optimiser is {named}") and "fused=True" in reason

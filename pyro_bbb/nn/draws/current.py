@@ -1,46 +1,25 @@
-"""The sample dims of drawn parameters, and the draw a per-draw pass of a network runs on.
+"""The draw a per-draw pass of a network runs on, and what a layer may ask of it.
 
-Under Pyro plates a global weight site drawn ``P`` times (particles, predictive samples) has
-shape ``(P, 1, *weight_shape)``: the ``1`` is the model's data plate dim; replayed by
-``Predictive`` it is ``(P, *weight_shape)``. :func:`sample_shape` reads the sample dims off
-either. When a network runs once per draw (:mod:`pyro_bbb.nn.draws`), the draw under way is
-held in a :class:`contextvars.ContextVar` for the duration of the pass, and
-:meth:`Draw.select` gives a parameter's value (or anything derived from it) for that draw.
-Nothing here knows of layers, guides or training.
+When a network runs once per weight draw (:mod:`~pyro_bbb.nn.draws.per_draw`), the draw
+under way is held in a :class:`contextvars.ContextVar` for the duration of the pass:
+:func:`current_draw` gives it (``None`` outside a pass), and :class:`Draw` answers what a
+layer or an estimator acting for one may ask (the contract is stated in
+:mod:`pyro_bbb.nn.draws`). Nothing here knows of layers, guides or training.
 """
 
 from __future__ import annotations
 
 import contextvars
 import math
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
 
-__all__ = [
-    "Draw",
-    "current_draw",
-    "running_draw",
-    "sample_shape",
-    "sample_shape_of",
-]
+from ..._shapes import sample_dims
 
-
-def sample_shape(param: torch.Tensor, event_dims: int) -> torch.Size:
-    """Sample dims of a parameter with a trailing size-1 (data plate) dim dropped.
-
-    Empty for a plain parameter. ``(P, 1, out, in)`` (drawn under a particle plate) and
-    ``(P, out, in)`` (as ``Predictive`` replays guide samples) both give ``(P,)``.
-    """
-    return torch.Size(sample_shape_of(param.shape, event_dims))
-
-
-def sample_shape_of(shape: Sequence[int], event_dims: int) -> Sequence[int]:
-    """:func:`sample_shape` of a parameter of ``shape``, for a draw not formed (yet)."""
-    dims = shape[: len(shape) - event_dims]
-    return dims[:-1] if dims and dims[-1] == 1 else dims
+__all__ = ["Draw", "current_draw", "running_draw"]
 
 
 @dataclass(frozen=True)
@@ -52,7 +31,8 @@ class Draw:
         index: This draw's flat index: an int in a loop, a 0-d tensor batched by
             :func:`torch.func.vmap` in a vectorised pass.
         full: Each drawn site's value as drawn, ``(*sample, [1,] *shape)``, by site name.
-        views: Each drawn site's value for this draw, ``shape``, by site name.
+        views: Each drawn site's value for this draw, ``shape``, by site name: what a read
+            of the site gives inside the pass.
     """
 
     sample: torch.Size
@@ -70,6 +50,15 @@ class Draw:
 
         Estimators match a layer's weights with the draws they recorded by identity, and
         those recorded the values as drawn, with their sample dims.
+
+        Args:
+            site: The site name of the parameter ``value`` was read from (``None`` for one
+                that is not a site).
+            value: What the layer read.
+
+        Returns:
+            ``full[site]``, ``(*sample, [1,] *shape)``, when ``value`` is ``views[site]``
+            itself; ``value`` otherwise (a deterministic parameter, a value of another run).
         """
         view = self.views.get(site) if site is not None else None
         return self.full[site] if view is not None and view is value else value
@@ -91,7 +80,7 @@ class Draw:
         if site is not None and (self.full.get(site) is value or self.views.get(site) is value):
             return self.views[site]
         event = value.shape[value.dim() - event_dims :]
-        own = sample_shape(value, event_dims)
+        own = sample_dims(value, event_dims)
         if math.prod(own) == 1:
             return value if value.dim() == event_dims else value.reshape(event)
         flat = value.reshape(*own, *event).expand(*self.sample, *event)

@@ -1,4 +1,4 @@
-"""Tests of pyro_bbb.nn.draws: weight draws go around a network's forward, not through it.
+"""Tests of pyro_bbb.nn.draws.per_draw: weight draws go around a network's forward, not through it.
 
 The networks are written as users write them, for activations ``(batch, ...)``
 (``examples/user_networks.py``). Each must fit at the defaults, predict and train as an
@@ -22,11 +22,10 @@ from torch import nn
 from torch.func import functional_call
 
 import pyro_bbb as bbb
-from pyro_bbb.nn import bayesianize, mlp
+from pyro_bbb.nn import bayesianize
 from pyro_bbb.nn.draws import (
     DrawPath,
     PerDrawPath,
-    broadcasts_draws,
     describe_draws,
     draw_path,
     is_vmap_limitation,
@@ -34,7 +33,7 @@ from pyro_bbb.nn.draws import (
 )
 from pyro_bbb.priors import Gaussian
 
-from ..support import user_networks
+from ...support import user_networks
 
 ConvView, Recurrent = user_networks.ConvView, user_networks.Recurrent
 ResNet, TokenTransformer = user_networks.ResNet, user_networks.TokenTransformer
@@ -183,23 +182,6 @@ def test_estimators_run_per_draw_with_independent_noise_and_the_marginals_of_wei
     torch.testing.assert_close(estimated.loc_samples.std(0), sd, rtol=0.06, atol=0.0)
 
 
-def test_mlps_and_sequential_stacks_of_linear_layers_broadcast_and_get_no_runner():
-    assert broadcasts_draws(mlp([2, 5, 1], dropout=0.1))
-    plain = nn.Sequential(nn.Linear(2, 4), nn.LayerNorm(4), nn.GELU(), nn.Linear(4, 1))
-    net = bayesianize(plain, deterministic="1.*")
-    assert per_draw_forward(net) is None and draw_path(net).path is DrawPath.BROADCAST
-    for other in (
-        nn.Sequential(nn.Conv1d(1, 2, 3), nn.Flatten(), nn.Linear(2, 1)),
-        nn.Sequential(nn.Linear(2, 4), nn.Softmax(dim=1)),  # counts dims from the front
-        nn.Sequential(nn.Linear(2, 4), nn.BatchNorm1d(4)),
-        ConvView(),
-    ):
-        net = bayesianize(other)
-        assert not broadcasts_draws(net) and per_draw_forward(net) is not None
-        assert draw_path(net) is None  # not yet met draws: vmap will be tried
-    assert "broadcast" in describe_draws(mlp([2, 1]))
-
-
 def test_the_path_is_decided_per_training_mode_and_a_network_of_ones_own_error_surfaces():
     net = bayesianize(ResNet(width=4))
     model = bbb.BNN(net, bbb.likelihoods.Categorical(10), num_data=8)
@@ -267,16 +249,6 @@ def test_set_up_and_checks_never_run_a_network_on_one_row():
     # the running statistics moved with the training steps only
     assert not torch.equal(norm.running_mean, before)
     assert "BatchNorm2d" in repr(model)  # a wrapped module prints
-
-
-def test_vmap_limitations_are_told_from_errors_of_a_networks_own():
-    assert is_vmap_limitation(RuntimeError("Batching rule not implemented for aten::lstm.input."))
-    assert is_vmap_limitation(RuntimeError("vmap: inplace arithmetic(self, *extra_args) is not"))
-    assert not is_vmap_limitation(RuntimeError("mat1 and mat2 shapes cannot be multiplied"))
-    # what vmap cannot take or return is a ValueError of vmap's own
-    assert is_vmap_limitation(ValueError("vmap(one, ...): `one` must only return Tensors"))
-    assert not is_vmap_limitation(ValueError("expected 3 features, got 4"))
-    assert not is_vmap_limitation(KeyError("vmap"))
 
 
 def test_a_moved_recurrent_network_runs_on_its_draws_not_on_weights_it_cached():
