@@ -212,9 +212,10 @@ def test_the_stages_a_history_records_are_restored_with_the_decision_after_the_l
 @pytest.mark.parametrize("family", ["lowrank", "meanfield"])
 def test_the_strict_fit_meets_the_conjugate_posterior_within_5_percent(family):
     # 8 features and a bias, 1,000 points, known noise: fit(model, guide, x, y,
-    # until="converged") with nothing else. 3,000 fixed epochs left these scales 14-26 % off (docs/concepts.md). Measured
-    # over three problems of this size (benchmarks/convergence.py): sds within 1.7 %
-    # (mean-field) and 3.9 % (low-rank), means within 0.06 sd.
+    # until="converged") with nothing else. 3,000 fixed epochs left these scales 14-26 %
+    # off (docs/concepts.md). Measured over three problems of this size
+    # (benchmarks/convergence.py): sds within 1.7 % (mean-field) and 3.9 % (low-rank),
+    # means within 0.06 sd.
     x, y, mean, covariance, precision = random_conjugate_problem(1000, 8)
     target = covariance.diagonal().sqrt() if family == "lowrank" else precision.diagonal().rsqrt()
     for seed in range(scaled(1, 4)):

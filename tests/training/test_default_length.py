@@ -58,7 +58,7 @@ def test_a_default_fit_runs_its_stages_and_says_why_it_ended(default_run):
     starts = _starts(history)
     assert list(starts) == ["fit", "warmup", "train", "decay"]
     assert history.stage == sorted(history.stage, key=list(starts).index)  # one stretch each
-    fit, warmup, train, decay = starts.values()
+    _, warmup, train, decay = starts.values()
     assert set(history.beta[:warmup]) == {0.0} and set(history.beta[train:]) == {1.0}
     # the warm-up half as long as "fit", at least a tested stage's 400 steps
     assert train - warmup == max(400, round(warmup / 2))
@@ -81,7 +81,7 @@ def test_the_scores_leave_the_steps_as_a_fixed_run_of_the_same_schedules_takes_t
     # the scores draw from their own generator and put the parameters back: the automatic
     # run's steps are those of a fixed run drawn with the schedules its stages chose
     history, params = default_run
-    fit, warmup, train, decay = _starts(history).values()
+    _, warmup, train, decay = _starts(history).values()
     total = len(history)
     data, model, guide = _gap()
     with warnings.catch_warnings():
@@ -159,7 +159,7 @@ def test_a_dataloader_runs_the_default_length_on_its_first_batch_scores():
     data, model, guide = _gap(200)
     loader = DataLoader(TensorDataset(data.x, data.y), batch_size=50, shuffle=True)
     history = bbb.fit(model, guide, loader, seed=0, progress=False, max_steps=4000)
-    assert history.stopped and list(dict.fromkeys(history.stage))[0] == "fit"
+    assert history.stopped and history.stage[0] == "fit"
 
 
 @pytest.mark.parametrize(("num_data", "batch_size"), [(60_000, 64), (60_000, 128), (10, None)])

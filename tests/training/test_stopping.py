@@ -48,7 +48,7 @@ def test_the_likelihood_only_stage_goes_on_while_its_last_half_lowers_the_loss()
 
 def test_the_likelihood_only_stage_ends_when_its_last_half_lowers_the_loss_by_little():
     # a fast fall, then a last half that lowers it by less than FIT_TOLERANCE a data point
-    values = [3.0, 2.5, 2.2, 2.1] + list(np.linspace(2.1, 2.1 - FIT_TOLERANCE / 2, 4))
+    values = [3.0, 2.5, 2.2, 2.1, *np.linspace(2.1, 2.1 - FIT_TOLERANCE / 2, 4)]
     verdict = StopsPaying().judge(_history(nll=values), "fit", 0, 8, scored=False)
     assert verdict.done and "had stopped paying" in verdict.found
 
