@@ -21,7 +21,7 @@ history = pyro_bbb.fit(  # reparam=None (the default) samples the weights
 )
 print(
     f"loss {history.loss[-1]:.1f}  nll {history.nll[-1]:.1f}  kl {history.kl[-1]:.1f}  "
-    f"beta {history.beta[-1]:.2f}  {sum(history.seconds):.1f} s"
+    f"beta {history.beta[-1]:.2f}  {len(history)} epochs  {sum(history.seconds):.1f} s"
 )
 
 x_test = torch.tensor([[-2.5], [0.0], [6.0]])  # near the data, in the gap, extrapolation

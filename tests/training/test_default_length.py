@@ -123,6 +123,13 @@ def test_a_resumed_default_fit_takes_the_uninterrupted_fits_steps(tmp_path, defa
     assert all(torch.equal(value, params[name]) for name, value in _params().items())
 
 
+def test_a_checkpoint_is_resumed_only_with_its_own_rule(tmp_path):
+    path = tmp_path / "auto.pt"
+    _fit(checkpoint=path, callbacks=[_StopAt(3)])
+    with pytest.raises(ValueError, match=r"until='predictive'; this one has until='converged'"):
+        _fit(resume=path, until="converged")
+
+
 def test_held_out_rows_are_scored_and_given_back_for_the_decay():
     data, model, guide = _gap(200)
     seen = []
