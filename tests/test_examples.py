@@ -46,6 +46,14 @@ def test_the_last_layer_example_keeps_the_trained_body_frozen():
     assert "last-layer BNN: 1 epochs" in out and "last-layer BNN   accuracy" in out
 
 
+def test_the_conv_digits_example_reports_calibration_and_saves_a_reliability_diagram(tmp_path):
+    figure = tmp_path / "reliability.png"
+    out = run_example("conv_digits.py", "--max-steps", "1", "--figure", str(figure))
+    assert "fit: reparam='flipout', 1 epochs" in out  # the budget: one epoch of 64-image steps
+    assert "test (450 images): accuracy" in out and "ECE" in out
+    assert "mutual information (epistemic): correct" in out and figure.exists()
+
+
 def test_the_any_network_example_fits_a_resnet_and_an_lstm_written_for_batches():
     out = run_example("any_network.py", "--max-steps", "1", "--num", "64")
     assert "ResNet: 1 epochs" in out and "LSTM: 1 epochs" in out
