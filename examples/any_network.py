@@ -8,11 +8,12 @@ members) each network runs once per draw, so its ``forward`` always sees the sha
 written for. The script fits both on synthetic data, prints how each meets the draws, the
 test accuracy and RMSE, and saves the LSTM's predictive bands in ``any_network.png``.
 
-    python examples/any_network.py [--epochs 40] [--num 512]
+    python examples/any_network.py [--num 512] [--max-steps N]
 """
 
 import argparse
 import math
+import warnings
 
 import torch
 from user_networks import Recurrent, ResNet
@@ -21,8 +22,8 @@ import pyro_bbb as bbb
 from pyro_bbb.plots import plot_regression_bands
 
 parser = argparse.ArgumentParser()
-parser.add_argument("--epochs", type=int, default=40)
 parser.add_argument("--num", type=int, default=512, help="training examples of each task")
+parser.add_argument("--max-steps", type=int, default=None, help="fit's budget (its default)")
 args = parser.parse_args()
 torch.manual_seed(0)
 torch.set_num_threads(1)
@@ -44,7 +45,7 @@ x_test, y_test = stripes(256)
 net = bbb.bayesianize(ResNet(num_classes=2), bbb.priors.Gaussian(1.0))
 model = bbb.BNN(net, bbb.likelihoods.Categorical(2), num_data=len(x))
 guide = bbb.MeanFieldGuide(model, init_scale=0.01)
-history = bbb.fit(model, guide, x, y, epochs=args.epochs, batch_size=128, lr=3e-3, seed=0)
+history = bbb.fit(model, guide, x, y, batch_size=128, lr=3e-3, seed=0, max_steps=args.max_steps)
 print(f"ResNet: {len(history)} epochs, {sum(history.seconds):.0f} s; draws go {history.draws}")
 model.eval()  # BatchNorm's running statistics for prediction
 pred = bbb.predict(model, guide, x_test, num_samples=20, seed=0)
@@ -65,7 +66,11 @@ s_test, t_test = windows(120, 0.3 * args.num)  # later in the series
 lstm = bbb.bayesianize(Recurrent(features=1, hidden=16), bbb.priors.Gaussian(1.0))
 forecaster = bbb.BNN(lstm, bbb.likelihoods.Gaussian(), num_data=len(s))
 guide = bbb.MeanFieldGuide(forecaster, init_scale=0.01)
-history = bbb.fit(forecaster, guide, s, t, epochs=args.epochs, batch_size=64, lr=1e-2, seed=0)
+with warnings.catch_warnings():  # that vmap falls back to a loop is printed below, as draws
+    warnings.filterwarnings("ignore", "each step's weight draws run through", UserWarning)
+    history = bbb.fit(
+        forecaster, guide, s, t, batch_size=64, lr=1e-2, seed=0, max_steps=args.max_steps
+    )
 print(f"LSTM: {len(history)} epochs, {sum(history.seconds):.0f} s; draws go {history.draws}")
 pred = bbb.predict(forecaster, guide, s_test, num_samples=50, seed=0)
 rmse = (pred.mean - t_test).pow(2).mean().sqrt()

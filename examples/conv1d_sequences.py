@@ -8,7 +8,7 @@ Each sequence is 32 steps of ``sin`` or ``sign(sin)`` at a random frequency and 
 Gaussian noise of standard deviation 0.3; the label says which. The network reads
 ``(batch, 1, 32)``: two convolutions, a global average over time, a linear read-out.
 
-    python examples/conv1d_sequences.py [--epochs 40] [--num 600]
+    python examples/conv1d_sequences.py [--num 600] [--max-steps N]
 """
 
 import argparse
@@ -20,8 +20,8 @@ from torch import nn
 import pyro_bbb
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-parser.add_argument("--epochs", type=int, default=40)
 parser.add_argument("--num", type=int, default=600, help="training sequences")
+parser.add_argument("--max-steps", type=int, default=None, help="fit's budget (its default)")
 args = parser.parse_args()
 torch.set_num_threads(1)
 pyro.set_rng_seed(0)
@@ -56,8 +56,8 @@ model = pyro_bbb.BNN(pyro_bbb.bayesianize(net), pyro_bbb.likelihoods.Categorical
 print(model.summary(reparam="flipout"))
 guide = pyro_bbb.MeanFieldGuide(model, init_scale=0.01)
 history = pyro_bbb.fit(
-    model, guide, x, y, epochs=args.epochs, batch_size=100, lr=1e-2, reparam="flipout",
-    beta=pyro_bbb.infer.LinearWarmup(args.epochs / 3), seed=0, progress=False,
+    model, guide, x, y, batch_size=100, lr=1e-2, reparam="flipout", seed=0, progress=False,
+    max_steps=args.max_steps,
 )  # fmt: skip
 pred = pyro_bbb.predict(model, guide, x_test, num_samples=100, seed=0)
 noise = pyro_bbb.predict(model, guide, torch.randn(500, 1, 32), num_samples=100, seed=0)

@@ -2,15 +2,18 @@
 
     python examples/ddp.py                                     # one process
     torchrun --standalone --nproc_per_node=2 examples/ddp.py   # two processes, this machine
+    torchrun --standalone --nproc_per_node=2 examples/ddp.py --max-steps 120  # a short run
 
 Every process builds the same model and holds the whole data set; ``fit`` gives each its
 share (as ``DistributedSampler`` would), averages the gradients every step, and makes the
 objective the one-process objective with a batch of world size × ``batch_size``. Here the
-per-process batch is 100 / world size, so every launch takes the same steps. Rank 0 prints,
-writes a checkpoint every 10 epochs and saves the trained model; run the script again and it
-resumes from the checkpoint (delete ``ddp_checkpoint_*.pt`` to start over).
+per-process batch is 100 / world size, so every launch takes the same steps; the run's
+length is ``fit``'s default (until more training stops paying). Rank 0 prints, writes a
+checkpoint every 10 epochs and saves the trained model; run the script again and it resumes
+from the checkpoint (delete ``ddp_checkpoint_*.pt`` to start over).
 """
 
+import argparse
 import os
 
 import pyro
@@ -19,6 +22,9 @@ import torch.distributed as dist
 
 import pyro_bbb
 
+parser = argparse.ArgumentParser()
+parser.add_argument("--max-steps", type=int, default=None, help="fit's budget (its default)")
+args = parser.parse_args()
 if "RANK" in os.environ:  # set by torchrun
     dist.init_process_group()  # gloo for CPU tensors, NCCL for CUDA ones
 rank = dist.get_rank() if dist.is_initialized() else 0
@@ -38,9 +44,8 @@ history = pyro_bbb.fit(
     guide,
     data.x,
     data.y,
-    epochs=60,
     batch_size=100 // world_size,  # per process: the global batch stays 100
-    beta=pyro_bbb.infer.LinearWarmup(20),
+    max_steps=args.max_steps,
     seed=0,  # initialisation and data order; the Monte Carlo noise of rank r uses seed + r
     checkpoint=checkpoint,
     checkpoint_every=10,
@@ -51,7 +56,7 @@ if rank == 0:  # the History is the same on every process; print it once
     print(
         f"{world_size} process(es), {history.steps[-1]} steps of {100 // world_size} x "
         f"{world_size} points: loss {history.loss[-1]:.1f}  nll {history.nll[-1]:.1f}  "
-        f"kl {history.kl[-1]:.1f}  {sum(history.seconds):.1f} s"
+        f"kl {history.kl[-1]:.1f}  {sum(history.seconds):.1f} s; {len(history)} epochs"
     )
     pred = pyro_bbb.predict(model, guide, torch.tensor([[-2.5], [0.0]]), num_samples=200, seed=0)
     print("epistemic std near the data and in the gap:", pred.epistemic_std)

@@ -10,7 +10,7 @@ another (``fit`` says so once, and ``History.draws``).
 Each example is a window of 12 steps of ``sin(0.3 t)`` plus noise of standard deviation 0.1;
 the target is the next (noisy) value.
 
-    python examples/gru_regression.py [--epochs 60] [--num 400]
+    python examples/gru_regression.py [--num 400] [--max-steps N]
 """
 
 import argparse
@@ -23,8 +23,8 @@ from torch import nn
 import pyro_bbb
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-parser.add_argument("--epochs", type=int, default=60)
 parser.add_argument("--num", type=int, default=400, help="training windows")
+parser.add_argument("--max-steps", type=int, default=None, help="fit's budget (its default)")
 args = parser.parse_args()
 torch.set_num_threads(1)
 pyro.set_rng_seed(0)
@@ -58,8 +58,8 @@ guide = pyro_bbb.MeanFieldGuide(model, init_scale=0.01)
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
     history = pyro_bbb.fit(
-        model, guide, x, y, epochs=args.epochs, batch_size=50, lr=1e-2, reparam="local",
-        beta=pyro_bbb.infer.LinearWarmup(args.epochs / 3), seed=0, progress=False,
+        model, guide, x, y, batch_size=50, lr=1e-2, reparam="local", seed=0, progress=False,
+        max_steps=args.max_steps,
     )  # fmt: skip
     pred = pyro_bbb.predict(model, guide, x_test, num_samples=50, seed=0)
 for warning in caught:

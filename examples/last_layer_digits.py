@@ -6,7 +6,7 @@ trained weights with MOPED scales (``MOPED(0.1)``: σ = 0.1 |w|, Krishnan et al.
 ``model.summary()`` listing what is Bayesian and what is not. Prints the test accuracy, NLL
 and ECE of the trained network and of its last-layer BNN.
 
-    python examples/last_layer_digits.py [--epochs 30] [--head-epochs 10]
+    python examples/last_layer_digits.py [--epochs 30] [--max-steps N]
 """
 
 import argparse
@@ -23,7 +23,7 @@ from pyro_bbb.infer.guides import MOPED
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--epochs", type=int, default=30, help="epochs of the deterministic net")
-parser.add_argument("--head-epochs", type=int, default=10, help="epochs of the Bayesian head")
+parser.add_argument("--max-steps", type=int, default=None, help="the Bayesian head's budget")
 args = parser.parse_args()
 torch.set_num_threads(1)
 torch.manual_seed(0)
@@ -54,11 +54,12 @@ pyro.clear_param_store()
 model = pyro_bbb.BNN(net, pyro_bbb.likelihoods.Categorical(), num_data=len(data.x_train))
 print(model.summary())
 guide = pyro_bbb.MeanFieldGuide(model, init_scale=MOPED(0.1))  # means = trained weights
-pyro_bbb.fit(
-    model, guide, data.x_train, data.y_train, epochs=args.head_epochs, batch_size=64, lr=1e-2,
-    beta=pyro_bbb.infer.LinearWarmup(args.head_epochs / 3), reparam="flipout", seed=0,
-    progress=False,
+history = pyro_bbb.fit(
+    model, guide, data.x_train, data.y_train, batch_size=64, lr=1e-2, reparam="flipout", seed=0,
+    progress=False, max_steps=args.max_steps,
 )  # fmt: skip
+
+print(f"last-layer BNN: {len(history)} epochs of fit's default length")
 
 # 3. The trained network against its last-layer BNN.
 y = data.y_test

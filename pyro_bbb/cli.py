@@ -98,7 +98,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
     run = commands.add_parser("demo", help="fit a BNN to 1-D gap data and plot its uncertainty")
     run.add_argument("--out", default="pyro_bbb_demo.png", help="figure path (PNG)")
-    run.add_argument("--epochs", type=int, default=3000)
+    run.add_argument(
+        "--epochs",
+        type=_positive_int,
+        default=None,
+        help="a fixed number of epochs (fit's default length: until more training stops paying)",
+    )
+    run.add_argument(
+        "--max-steps", type=_positive_int, default=None, help="the default length's budget"
+    )
     run.add_argument("--seed", type=int, default=0)
     run.add_argument("--reparam", choices=["local", "flipout"], default=None)
     run.add_argument(
@@ -167,8 +175,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "demo":
         demo(
-            out=args.out, epochs=args.epochs, seed=args.seed, reparam=args.reparam,
-            nuts=args.nuts, nuts_draws=args.nuts_draws,
+            out=args.out, epochs=args.epochs, max_steps=args.max_steps, seed=args.seed,
+            reparam=args.reparam, nuts=args.nuts, nuts_draws=args.nuts_draws,
         )  # fmt: skip
     elif args.command == "bench" and args.suite == "uci":
         options = {

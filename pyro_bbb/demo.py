@@ -35,19 +35,28 @@ class GapDemo:
 
 
 def fit_gap_demo(
-    *, epochs: int = 3000, seed: int = 0, reparam: str | None = None, progress: bool | None = None
+    *,
+    epochs: int | None = None,
+    max_steps: int | None = None,
+    seed: int = 0,
+    reparam: str | None = None,
+    progress: bool | None = None,
 ) -> GapDemo:
     """Fit the demo's BNN: a 1-20-20-1 ReLU MLP on 500 points of ``sin(x) + N(0, 0.1²)``.
 
     The data lie on ``[-4, -1] ∪ [1, 4]``. The guide starts wide (σ = 0.2): a mean-field
     guide started narrow tends to stay narrow where no data constrain it, which is exactly
-    the gap (Foong et al. 2019, https://arxiv.org/abs/1906.11537). β follows
-    :func:`~pyro_bbb.fit`'s default, the likelihood first: 0 for the first quarter of the
-    epochs, then linear to 1 by half-way. Started wide with β rising from the first epoch,
-    the guide can settle where the learned noise explains the data (``docs/small_data.md``).
+    the gap (Foong et al. 2019, https://arxiv.org/abs/1906.11537). The length, β and the
+    learning rate are :func:`~pyro_bbb.fit`'s defaults: the likelihood first (β = 0) while
+    fitting it still pays, β's warm-up, the full rate while the fit to the data still
+    improves, then the rate's decay; at seed 0 about 4,000 full-batch epochs. Started wide
+    with β rising from the first epoch, the guide can settle where the learned noise
+    explains the data (``docs/small_data.md``).
 
     Args:
-        epochs: Full-batch epochs (one step each).
+        epochs: Full-batch epochs (one step each); ``None`` (the default) for ``fit``'s
+            default length, until more training stops paying.
+        max_steps: The budget of the default length, in steps (``fit``'s ``max_steps``).
         seed: Seed of the data and of training.
         reparam: Gradient estimator, ``None``, ``"local"`` or ``"flipout"``.
         progress: Show a progress bar (``None``: when attached to a terminal).
@@ -72,6 +81,7 @@ def fit_gap_demo(
         data.x,
         data.y,
         epochs=epochs,
+        max_steps=max_steps,
         lr=1e-2,
         num_particles=4,
         reparam=reparam,
@@ -146,7 +156,8 @@ def uncertainty_by_region(
 def demo(
     *,
     out: str | Path = "pyro_bbb_demo.png",
-    epochs: int = 3000,
+    epochs: int | None = None,
+    max_steps: int | None = None,
     seed: int = 0,
     reparam: str | None = None,
     progress: bool | None = None,
@@ -157,7 +168,9 @@ def demo(
 
     Args:
         out: Where to save the PNG figure.
-        epochs: Training epochs, see :func:`fit_gap_demo`.
+        epochs: Training epochs, see :func:`fit_gap_demo` (``None``: ``fit``'s default
+            length).
+        max_steps: The default length's budget in steps, see :func:`fit_gap_demo`.
         seed: Random seed (data and training).
         reparam: Gradient estimator, ``None``, ``"local"`` or ``"flipout"``.
         progress: Show a progress bar (``None``: when attached to a terminal).
@@ -179,7 +192,9 @@ def demo(
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # a 1-20-20-1 net runs fastest on one thread
     try:
-        fitted = fit_gap_demo(epochs=epochs, seed=seed, reparam=reparam, progress=progress)
+        fitted = fit_gap_demo(
+            epochs=epochs, max_steps=max_steps, seed=seed, reparam=reparam, progress=progress
+        )
         x_test = torch.linspace(-7, 7, 561).unsqueeze(-1)
         pred = bbb.predict(fitted.model, fitted.guide, x_test, num_samples=200, seed=seed)
         reference = None
@@ -192,6 +207,7 @@ def demo(
         torch.set_num_threads(threads)
     summary = uncertainty_by_region(pred, x_test)
     print(f"Trained {fitted.history}")
+    print(f"Stopped: {fitted.history.stopped}")
     print(f"Learned noise std: {pred.aleatoric_std.mean():.3f} (true 0.1)")
     print(f"{'region':<15}{'|x|':>12}{'epistemic std':>15}{'total std':>12}")
     for name, (low, high) in REGIONS.items():

@@ -112,7 +112,7 @@ def test_tempered_bayesian_mlp_on_digits_is_as_accurate_and_better_calibrated_th
 def test_command_line_demo_runs_and_saves_its_figure(tmp_path):
     out = tmp_path / "demo.png"
     result = subprocess.run(
-        [sys.executable, "-m", "pyro_bbb", "demo", "--epochs", "30", "--out", str(out)],
+        [sys.executable, "-m", "pyro_bbb", "demo", "--max-steps", "60", "--out", str(out)],
         capture_output=True,
         text=True,
         timeout=300,
@@ -121,6 +121,7 @@ def test_command_line_demo_runs_and_saves_its_figure(tmp_path):
     assert out.stat().st_size > 10_000
     for word in ("gap", "data", "extrapolation", str(out)):
         assert word in result.stdout
+    assert "Stopped: the budget of 60 epochs" in result.stdout  # fit's default length, capped
 
 
 @requires_numpyro

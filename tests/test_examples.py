@@ -1,4 +1,8 @@
-"""The examples of Bayesian layers beyond Linear run, in a short form, and print what they show."""
+"""The examples of Bayesian layers beyond Linear run, in a short form, and print what they show.
+
+The examples train at ``fit``'s default length; here a small ``--max-steps`` (``fit``'s
+budget, in whole epochs) keeps each to an epoch or two.
+"""
 
 from __future__ import annotations
 
@@ -20,28 +24,39 @@ def run_example(name: str, *args: str) -> str:
 
 
 def test_the_conv1d_example_makes_every_convolution_bayesian_with_flipout():
-    out = run_example("conv1d_sequences.py", "--epochs", "2", "--num", "100")
+    out = run_example("conv1d_sequences.py", "--max-steps", "2", "--num", "100")
     assert "| 0.weight | Conv1d | Bayesian | 8×1×5 |" in out
     assert "| 2.bias | Conv1d | Bayesian | 8 | Gaussian(scale=1, loc=0) | flipout | 8 |" in out
+    assert "fit: 2 epochs in" in out  # the budget reached fit: 2 steps of the 100 sequences
     assert "test accuracy" in out and "white noise" in out
 
 
 def test_the_gru_example_says_which_layer_each_estimator_served():
-    out = run_example("gru_regression.py", "--epochs", "2", "--num", "60")
+    out = run_example("gru_regression.py", "--max-steps", "4", "--num", "60")
     assert "applies to the affine layers ['head']; the layers ['rnn']" in out
     assert "torch.func.vmap cannot batch layer 'rnn' (GRU)" in out
+    assert "fit: 2 epochs in" in out  # 4 steps of 50 of the 60 windows
     assert "test RMSE" in out and "epistemic" in out
 
 
 def test_the_last_layer_example_keeps_the_trained_body_frozen():
-    out = run_example("last_layer_digits.py", "--epochs", "1", "--head-epochs", "1")
+    out = run_example("last_layer_digits.py", "--epochs", "1", "--max-steps", "1")
     assert "| 6.weight | Linear | point estimate (frozen) | 64×256 |" in out
     assert "| 8.weight | Linear | Bayesian | 10×64 |" in out
-    assert "last-layer BNN" in out
+    assert "last-layer BNN: 1 epochs" in out and "last-layer BNN   accuracy" in out
+
+
+def test_the_conv_digits_example_reports_calibration_and_saves_a_reliability_diagram(tmp_path):
+    figure = tmp_path / "reliability.png"
+    out = run_example("conv_digits.py", "--max-steps", "1", "--figure", str(figure))
+    assert "fit: reparam='flipout', 1 epochs" in out  # the budget: one epoch of 64-image steps
+    assert "test (450 images): accuracy" in out and "ECE" in out
+    assert "mutual information (epistemic): correct" in out and figure.exists()
 
 
 def test_the_any_network_example_fits_a_resnet_and_an_lstm_written_for_batches():
-    out = run_example("any_network.py", "--epochs", "1", "--num", "64")
+    out = run_example("any_network.py", "--max-steps", "1", "--num", "64")
+    assert "ResNet: 1 epochs" in out and "LSTM: 1 epochs" in out
     assert "ResNet: test accuracy" in out and "vectorised by torch.func.vmap" in out
     assert "vmap cannot batch layer 'rnn' (LSTM)" in out
     assert "LSTM: test RMSE" in out and "saved any_network.png" in out

@@ -59,9 +59,9 @@ GALLERY = [
     Entry(
         "demo_nuts",
         "The demo, with NUTS's band beside VI's",
-        "`fit` and `predict` on the gap data (mean-field, local reparameterisation), and the "
-        "NUTS posterior of the same model on the NumPyro backend: mean-field VI is confident in "
-        "the gap where NUTS is not.",
+        "`fit` at its default length and `predict` on the gap data (mean-field), and the NUTS "
+        "posterior of the same model on the NumPyro backend: mean-field VI is confident in the "
+        "gap where NUTS is not.",
         "python -m pyro_bbb demo --nuts --out demo_nuts.png",
         "demo_nuts.png",
         8,

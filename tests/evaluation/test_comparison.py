@@ -113,4 +113,6 @@ def test_the_vi_vs_nuts_example_runs_end_to_end(tmp_path):
     assert run.returncode == 0, run.stderr[-2000:]
     for text in ("mean-field", "low-rank", "NUTS", "W2 to NUTS", "epistemic std, gap"):
         assert text in run.stdout
+    assert "(the same 50 epochs for every posterior" in run.stdout  # said, not warned of
+    assert "ConvergenceWarning" not in run.stderr
     assert out.stat().st_size > 10_000

@@ -253,6 +253,8 @@ def test_the_continual_example_runs_end_to_end(tmp_path):
     assert run.returncode == 0, run.stderr[-2000:]
     for text in ("split digits (multi-head)", "permuted digits (single head)", "joint training"):
         assert text in run.stdout
+    assert "fits ended before fit's convergence check passed: each ran --epochs 1" in run.stdout
+    assert "ConvergenceWarning" not in run.stderr  # said once, in words, not fit by fit
     results = json.loads(table.read_text())
     rows = results["split digits (multi-head)"]["naive fine-tuning"]
     assert [len(row) for row in rows] == [1, 2, 3, 4, 5]  # every task seen so far, each time
