@@ -31,7 +31,6 @@ already there are skipped, so the script resumes); ``--table`` prints the tables
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -42,6 +41,8 @@ import pyro
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.problems, from the root
+
+from _common import append_row, read_rows
 
 import pyro_bbb as bbb
 from pyro_bbb.training.convergence import ConvergenceWarning
@@ -143,9 +144,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2, 3])
     parser.add_argument("--table", action="store_true", help="print the tables and exit")
     args = parser.parse_args(argv)
-    done = []
-    if args.out.exists():
-        done = [json.loads(line) for line in args.out.read_text().splitlines() if line]
+    done = read_rows(args.out)
     if args.table:
         print(table(done))
         return
@@ -158,15 +157,14 @@ def main(argv: list[str] | None = None) -> None:
                     if (problem, guide, protocol, seed) in keys:
                         continue
                     row = run(problem, guide, protocol, seed)
-                    with args.out.open("a") as f:
-                        f.write(json.dumps(row) + "\n")
+                    append_row(args.out, row)
                     print(
                         f"{problem} {guide} {protocol} seed {seed}: sd {row['sd_error']:.3f} "
                         f"mean {row['mean_error']:.3f} epochs {row['epochs']} "
                         f"{row['seconds']:.0f} s converged {row['converged']}",
                         flush=True,
                     )
-    print(table([json.loads(line) for line in args.out.read_text().splitlines() if line]))
+    print(table(read_rows(args.out)))
 
 
 if __name__ == "__main__":

@@ -38,6 +38,7 @@ from pathlib import Path
 import numpy as np
 import pyro
 import torch
+from _common import append_row, read_rows
 
 import pyro_bbb as bbb
 from pyro_bbb.bench.uci import UCIConfig, fit_split
@@ -178,9 +179,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--uci", type=Path, default=Path("../shared/data/uci"))
     parser.add_argument("--table", action="store_true", help="print the table and exit")
     args = parser.parse_args(argv)
-    done = []
-    if args.out.exists():
-        done = [json.loads(line) for line in args.out.read_text().splitlines() if line]
+    done = read_rows(args.out)
     if args.table:
         print(table(done))
         return
@@ -194,10 +193,9 @@ def main(argv: list[str] | None = None) -> None:
                 if (problem, protocol, seed) in keys:
                     continue
                 row = run(problem, protocol, seed, args)
-                with args.out.open("a") as f:
-                    f.write(json.dumps(row) + "\n")
+                append_row(args.out, row)
                 print(json.dumps({k: v for k, v in row.items() if k != "stopped"}), flush=True)
-    print(table([json.loads(line) for line in args.out.read_text().splitlines() if line]))
+    print(table(read_rows(args.out)))
 
 
 if __name__ == "__main__":
