@@ -45,6 +45,7 @@ from typing import Any, NamedTuple
 import torch
 
 from .._validation import check_int
+from ..priors.precision_normal import CovarianceRootNormal
 from .guide import Belief, LowRankPrecisionGuide
 from .updater import OnlineUpdater, Start
 
@@ -250,6 +251,9 @@ class LoFi(OnlineUpdater):
                 "LowRankGuide's covariance D + VVᵀ; start from a MeanFieldGuide, a "
                 "LowRankPrecisionGuide, or the prior (guide=None), or use RVGA"
             )
+        if start.covariance_root is not None:  # a full-rank belief: its precision form
+            fn = CovarianceRootNormal(start.mean, start.covariance_root)
+            return init(start.mean, fn.precision_diag, fn.precision_factor, rank=self.rank)
         return init(start.mean, start.precision_diag, start.precision_factor, rank=self.rank)
 
     def _step(

@@ -143,16 +143,24 @@ class NoiseEstimate:
         self.variance = variance.detach().clone()
         self.steps = 0
 
-    def update(self, mean_square_error: torch.Tensor, predicted: torch.Tensor) -> torch.Tensor:
-        r"""Fold one minibatch in and return the new variance.
+    def proposal(self, mean_square_error: torch.Tensor, predicted: torch.Tensor) -> torch.Tensor:
+        r"""The variance after one more minibatch, without taking it (see :meth:`accept`).
 
         Args:
-            mean_square_error: :math:`\\overline{e^2}`, the mean squared one-step-ahead error.
-            predicted: :math:`\\overline{J\\Sigma J^\top}`, the belief's mean predicted
+            mean_square_error: :math:`\overline{e^2}`, the mean squared one-step-ahead error.
+            predicted: :math:`\overline{J\Sigma J^\top}`, the belief's mean predicted
                 variance of the outputs at those points.
         """
-        self.steps += 1
-        step = self.steps**-self.step_exponent
+        step = (self.steps + 1) ** -self.step_exponent
         estimate = (mean_square_error - predicted).clamp_min(self.floor * mean_square_error)
-        self.variance = (1 - step) * self.variance + step * estimate.detach()
+        return (1 - step) * self.variance + step * estimate.detach()
+
+    def accept(self, variance: torch.Tensor) -> None:
+        """Take a :meth:`proposal` as the new variance."""
+        self.steps += 1
+        self.variance = variance
+
+    def update(self, mean_square_error: torch.Tensor, predicted: torch.Tensor) -> torch.Tensor:
+        """Fold one minibatch in and return the new variance: :meth:`proposal`, :meth:`accept`."""
+        self.accept(self.proposal(mean_square_error, predicted))
         return self.variance

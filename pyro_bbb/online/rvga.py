@@ -59,7 +59,7 @@ from typing import Any, NamedTuple
 import torch
 
 from .._validation import check_int
-from .guide import Belief
+from .guide import CovarianceRoot
 from .updater import OnlineUpdater, Start
 
 __all__ = [
@@ -205,6 +205,8 @@ class RVGA(OnlineUpdater):
         )
 
     def _init_state(self, start: Start) -> RVGAState:
+        if start.covariance_root is not None:
+            return RVGAState(start.mean, start.covariance_root)
         if start.covariance is not None:
             return init(start.mean, start.covariance)
         if start.precision_factor is None or start.precision_factor.shape[1] == 0:
@@ -224,26 +226,20 @@ class RVGA(OnlineUpdater):
             else:
                 thetas = draws(current, self.num_samples)
             outputs, rows, gradient = pull(thetas)
+            if not iteration:  # the one-step-ahead predictive, for the learned noise
+                ahead = outputs, rows
             flat = rows.reshape(-1, rows.shape[-1]) / thetas.shape[0] ** 0.5
             if iteration:  # a Gauss-Newton step on the implicit equations, from q^(i)
                 gradient = gradient + precision_times(previous, previous.mean - current.mean)
             current = update(RVGAState(current.mean, previous.covariance_root), gradient, flat)
-        return current, outputs, rows
+        return current, *ahead
 
     def _output_variance(self, state: RVGAState, rows: torch.Tensor) -> torch.Tensor:
         return output_variance(state, rows)
 
-    def _belief(self, state: RVGAState) -> Belief:
-        r"""The precision :math:`P^{-1} = cI + WW^\top`, :math:`c` half its smallest eigenvalue."""
-        root = state.covariance_root.double()
-        precision = torch.cholesky_inverse(torch.linalg.cholesky(root @ root.mT))
-        floor = 0.5 * torch.linalg.eigvalsh(precision)[0]
-        shifted = precision - floor * torch.eye(
-            len(precision), dtype=precision.dtype, device=precision.device
-        )
-        factor = torch.linalg.cholesky(shifted).to(state.mean.dtype)
-        diag = torch.full_like(state.mean, float(floor))
-        return state.mean, factor, diag
+    def _belief(self, state: RVGAState) -> CovarianceRoot:
+        """The covariance root itself: draws need nothing more (the precision form waits)."""
+        return CovarianceRoot(state.mean, state.covariance_root)
 
     def _check_guide(self, guide) -> None:
         if guide.rank is not None:

@@ -38,8 +38,10 @@ from .._validation import (
     check_tensor,
 )
 from ..infer.guides import LowRankGuide, MeanFieldGuide
+from ..infer.mcmc.potential import module_in_training_mode
 from ..model import BNN
-from .guide import Belief, LowRankPrecisionGuide
+from ..priors.precision_normal import CovarianceRootNormal
+from .guide import Belief, CovarianceRoot, LowRankPrecisionGuide
 from .network import WeightLayout, layout_of_trace, network_function, pull_back_rows, weight_layout
 from .observation import NoiseEstimate, Observation
 
@@ -55,12 +57,15 @@ class Start(NamedTuple):
             ``None`` when ``covariance`` is given.
         precision_factor: ``(d, k)`` or ``None``.
         covariance: A dense covariance ``(d, d)`` (from a ``LowRankGuide``), or ``None``.
+        covariance_root: A square root ``(d, d)`` of the covariance (from a full-rank
+            ``LowRankPrecisionGuide`` that holds one), or ``None``.
     """
 
     mean: torch.Tensor
     precision_diag: torch.Tensor | None
     precision_factor: torch.Tensor | None
     covariance: torch.Tensor | None
+    covariance_root: torch.Tensor | None = None
 
 
 class OnlineUpdater:
@@ -141,13 +146,16 @@ class OnlineUpdater:
         ``pull(thetas (S, d))`` returns the outputs at each weight vector, the rows
         :math:`L_n^\top J_n` ``(C, S, B, d)`` and the log-likelihood's gradient in the
         weights, summed over the rows and averaged over the ``S`` weight vectors, ``(d,)``.
+        The outputs and rows returned are the one-step-ahead ones, at the belief before the
+        minibatch (an iterated step pulls again at later iterates): the learned noise is
+        estimated from them.
         """
         raise NotImplementedError
 
     def _output_variance(self, state: Any, rows: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
-    def _belief(self, state: Any) -> Belief:
+    def _belief(self, state: Any) -> Belief | CovarianceRoot:
         raise NotImplementedError
 
     def _check_guide(self, guide: LowRankPrecisionGuide) -> None:
@@ -167,10 +175,12 @@ class OnlineUpdater:
 
         Raises:
             ValueError: On inputs the model cannot take (naming the argument), NaN or inf.
-            FloatingPointError: If the step makes the belief's mean NaN or inf (the belief
-                is left as it was).
+            FloatingPointError: If the step makes the belief NaN or inf, or a learned noise
+                variance NaN, inf or zero (targets so large that their squares overflow);
+                the belief and the noise are left as they were, and the message names which.
         """
         self._check_inputs(x, y)
+        self._check_evaluation_mode()
         if self._network is None:
             self._set_up(x)
         self.model.likelihood.check_target(y, self._num_outputs, values=True)
@@ -185,22 +195,21 @@ class OnlineUpdater:
             return outputs, pulled[:num_outputs], gradient
 
         old = self.state
-        diverged = FloatingPointError(
-            f"update {self.num_updates + 1} (points seen before it: {self.num_seen}) made the "
-            "belief NaN or inf; the belief is left as it was. A linearised step from a wide "
-            "prior can overshoot: give the weights a prior of the scale of the network's own "
-            "initialisation (e.g. priors.FanInGaussian), or start from a trained MeanFieldGuide"
-        )
+        where = f"update {self.num_updates + 1} (points seen before it: {self.num_seen})"
         with torch.no_grad():
             try:
                 state, outputs, rows = self._step(old, pull)
             except torch.linalg.LinAlgError as error:  # a factorisation of non-finite values
-                raise diverged from error
-            if not bool(torch.isfinite(state.mean).all()):
-                raise diverged
-            self.state = state
+                raise _diverged(where) from error
+            if not all(bool(torch.isfinite(part).all()) for part in state):
+                raise _diverged(where)
+            variance = None
             if self._noise is not None:
-                self._estimate_noise(old, y, outputs, rows, scale)
+                variance = self._noise_proposal(old, y, outputs, rows, scale, where)
+            self.state = state
+            if variance is not None:
+                self._noise.accept(variance)
+                _set_scale(self.model.likelihood, variance.sqrt())
         self.num_seen += x.shape[0]
         self.num_updates += 1
         self._stale = True
@@ -232,18 +241,28 @@ class OnlineUpdater:
     def _begin(self, layout: WeightLayout, start: Start) -> None:
         self._layout = layout
         self.state = self._init_state(start)
-        self.guide.set_belief(*self._belief(self.state))
+        self._stale = True  # the guide takes it at its next use
         self.guide.follow(self._export)
         if self.observation.learned_scale:
             self._noise = NoiseEstimate(self.observation.scale().square())
 
-    def _export(self) -> Belief | None:
+    def _export(self) -> Belief | CovarianceRoot | None:
         if not self._stale:
             return None
         self._stale = False
         return self._belief(self.state)
 
     # -- checks
+    def _check_evaluation_mode(self) -> None:
+        module = module_in_training_mode(self.model)
+        if module is not None:
+            raise ValueError(
+                f"{type(self).__name__} needs the network in evaluation mode, but module "
+                f"{module} is in training mode, which makes it random (dropout masks) or "
+                "batch-dependent (batch statistics), where the filter linearises one function "
+                "of the weights. Call model.eval() first, and keep it so for predictions"
+            )
+
     def _check_inputs(self, x: torch.Tensor, y: torch.Tensor) -> None:
         check_tensor("x", x)
         check_tensor("y", y)
@@ -260,13 +279,34 @@ class OnlineUpdater:
             check_finite_tensor("x", x)
 
     # -- the learned noise
-    def _estimate_noise(self, old, y, outputs, rows, scale) -> None:
-        """Move σ² towards the minibatch's innovation variance less the belief's share of it."""
+    def _noise_proposal(self, old, y, outputs, rows, scale, where: str) -> torch.Tensor:
+        """σ² moved towards the minibatch's innovation variance less the belief's share of it.
+
+        ``outputs`` and ``rows`` are the one-step-ahead ones, at the belief before the step.
+        """
         jacobian = rows * scale  # the Gaussian's curvature root is I/σ: rows = J/σ, (C, S, B, d)
         residual = y.reshape(outputs.shape[-2:]) - outputs.mean(0)
         epistemic = self._output_variance(old, jacobian.reshape(-1, jacobian.shape[-1]))
-        sigma = self._noise.update(residual.square().mean(), epistemic.mean()).sqrt()
-        _set_scale(self.model.likelihood, sigma)
+        mean_square = residual.square().mean()
+        variance = self._noise.proposal(mean_square, epistemic.mean())
+        if not bool(torch.isfinite(variance)) or not bool(variance > 0):
+            raise FloatingPointError(
+                f"{where} would make the learned noise variance {float(variance):.3g}: the "
+                f"minibatch's mean squared one-step-ahead error is {float(mean_square):.3g} "
+                f"(targets up to {float(y.abs().max()):.3g}), beyond what "
+                f"{str(outputs.dtype).removeprefix('torch.')} holds. The belief and the noise "
+                "are left as they were; standardise the targets, e.g. (y - mean) / std"
+            )
+        return variance
+
+
+def _diverged(where: str) -> FloatingPointError:
+    return FloatingPointError(
+        f"{where} made the belief NaN or inf; the belief is left as it was. A linearised step "
+        "from a wide prior can overshoot: give the weights a prior of the scale of the "
+        "network's own initialisation (e.g. priors.FanInGaussian), or start from a trained "
+        "MeanFieldGuide"
+    )
 
 
 def _set_scale(likelihood, sigma: torch.Tensor) -> None:
@@ -284,10 +324,10 @@ def _start_of(guide: Any, layout: WeightLayout) -> Start:
                 "the LowRankPrecisionGuide's sites differ from the model's: "
                 f"{list(guide.block_sites['network'])} against {list(layout.sites)}"
             )
-        fn = guide.distribution()
-        return Start(
-            fn.loc.detach(), fn.precision_diag.detach(), fn.precision_factor.detach(), None
-        )
+        fn = guide.distribution()  # on the guide's buffers: copied, for the guide overwrites them
+        if isinstance(fn, CovarianceRootNormal):
+            return Start(fn.loc.clone(), None, None, None, fn.covariance_root.clone())
+        return Start(fn.loc.clone(), fn.precision_diag.clone(), fn.precision_factor.clone(), None)
     if isinstance(guide, MeanFieldGuide):
         marginals = guide.marginals()
         mean = layout.flatten({name: loc.detach() for name, (loc, _) in marginals.items()})
