@@ -277,7 +277,7 @@ def predict(
     x: torch.Tensor,
     *,
     num_samples: int = 100,
-    predictive: str = "sample",
+    predictive: str | None = None,
     reparam: str | None = None,
     batch_size: int | None = None,
     seed: int | None = None,
@@ -307,6 +307,9 @@ def predict(
             the network linearised at the guide's mean (a :class:`~pyro_bbb.BNN` and a
             guide that draws Gaussian weights: ``MeanFieldGuide``, ``LowRankGuide``,
             ``LowRankPrecisionGuide``, Pyro's Gaussian autoguides; not an ``Ensemble``).
+            ``None`` takes the guide's ``default_predictive`` where it names one (an online
+            filter's :class:`~pyro_bbb.online.LowRankPrecisionGuide`: ``"linearised"``), else
+            ``"sample"``.
         reparam: ``None``, ``"local"`` or ``"flipout"``: the estimator to predict with. Under
             ``"local"`` each point gets its own weight draw, so samples are not joint
             functions across points; for MLPs the marginal predictive per point is the same,
@@ -324,6 +327,8 @@ def predict(
             ``"linearised"``, on a guide whose draws are not Gaussian, an ensemble, or a
             ``reparam``.
     """
+    if predictive is None:
+        predictive = getattr(guide, "default_predictive", "sample")
     check_choice("predictive", predictive, PREDICTIVES)
     check_int("num_samples", num_samples)
     check_int("batch_size", batch_size, optional=True)

@@ -73,10 +73,18 @@ class LowRankPrecisionGuide(AutoGuide):
             never separate), a pretrained ``nn.Module``, or ``{site: tensor}``.
         create_plates: Passed to :class:`~pyro.infer.autoguide.AutoGuide`.
 
+    Attributes:
+        default_predictive: ``"linearised"``: what :func:`~pyro_bbb.predict` uses for this
+            guide unless told otherwise. The belief comes from Gauss-Newton curvature, so it
+            describes the network linearised at its mean (Immer, Korzepa and Bauer 2021);
+            the network run at its draws under-fits (measured in ``docs/online.md``).
+
     Raises:
         ValueError: On a negative rank, and at set-up on a prior that is not a Gaussian with
             independent values.
     """
+
+    default_predictive = "linearised"
 
     def __init__(
         self,

@@ -53,6 +53,7 @@ and :func:`update`, and :class:`RVGA`, the updater a user drives one minibatch a
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -65,11 +66,13 @@ from .updater import OnlineUpdater, Start
 __all__ = [
     "RVGA",
     "RVGAState",
+    "covariance_rows",
     "draws",
     "init",
-    "output_variance",
+    "output_covariance",
     "precision_times",
     "predict",
+    "shift_prior",
     "update",
 ]
 
@@ -150,9 +153,37 @@ def precision_times(state: RVGAState, vector: torch.Tensor) -> torch.Tensor:
     return torch.linalg.solve(root.mT, inner)
 
 
-def output_variance(state: RVGAState, rows: torch.Tensor) -> torch.Tensor:
-    r""":math:`a^\top P a` for each row :math:`a` of ``rows`` ``(k, d)``; ``(k,)``."""
-    return (rows @ state.covariance_root).square().sum(-1)
+def covariance_rows(state: RVGAState, rows: torch.Tensor) -> torch.Tensor:
+    r"""``rows @ P``: :math:`(Pa)^\top = ((a^\top S)S^\top)` for rows ``(k, d)``; ``(k, d)``."""
+    root = state.covariance_root
+    return (rows @ root) @ root.mT
+
+
+def shift_prior(state: RVGAState, delta: torch.Tensor, anchor: torch.Tensor) -> RVGAState:
+    r"""Precision :math:`P^{-1} + \mathrm{diag}(\delta)`, and the mean's step towards ``anchor``.
+
+    With :math:`LL^\top = I + S^\top\mathrm{diag}(\delta)S` (Cholesky, :math:`O(d^3)`),
+    :math:`S' = SL^{-\top}` is a root of the new covariance; the mean takes the Newton step of
+    the changed prior term, :math:`\mu + S'S'^\top\,\delta\odot(\mu_0 - \mu)`.
+
+    Args:
+        state: The belief.
+        delta: The added precision ``(d,)``, negative only where the precision stays positive.
+        anchor: :math:`\mu_0` ``(d,)``, the prior's mean.
+    """
+    mean, root = state
+    inner = root.mT @ (delta.unsqueeze(-1) * root)
+    inner.diagonal().add_(1)
+    tril = torch.linalg.cholesky(inner.double()).to(root.dtype)
+    root = torch.linalg.solve_triangular(tril, root.mT, upper=False).mT
+    step = root @ (root.mT @ (delta * (anchor - mean)))
+    return RVGAState(mean + step, root)
+
+
+def output_covariance(state: RVGAState, rows: torch.Tensor) -> torch.Tensor:
+    r""":math:`APA^\top = (AS)(AS)^\top` for rows :math:`A` ``(..., k, d)``; ``(..., k, k)``."""
+    projected = rows @ state.covariance_root
+    return projected @ projected.mT
 
 
 class RVGA(OnlineUpdater):
@@ -194,6 +225,7 @@ class RVGA(OnlineUpdater):
         num_iterations: int = 1,
         dynamics_noise: float = 0.0,
         init_loc: Any = None,
+        learn_prior_scale: bool = False,
     ) -> None:
         self.num_samples = check_int("num_samples", num_samples, minimum=2)
         if self.num_samples % 2:
@@ -201,7 +233,12 @@ class RVGA(OnlineUpdater):
         self.linearised = bool(linearised)
         self.num_iterations = check_int("num_iterations", num_iterations)
         super().__init__(
-            model, guide, guide_rank=None, dynamics_noise=dynamics_noise, init_loc=init_loc
+            model,
+            guide,
+            guide_rank=None,
+            dynamics_noise=dynamics_noise,
+            init_loc=init_loc,
+            learn_prior_scale=learn_prior_scale,
         )
 
     def _init_state(self, start: Start) -> RVGAState:
@@ -234,8 +271,18 @@ class RVGA(OnlineUpdater):
             current = update(RVGAState(current.mean, previous.covariance_root), gradient, flat)
         return current, *ahead
 
-    def _output_variance(self, state: RVGAState, rows: torch.Tensor) -> torch.Tensor:
-        return output_variance(state, rows)
+    def _output_covariance(self, state: RVGAState, rows: torch.Tensor) -> torch.Tensor:
+        return output_covariance(state, rows)
+
+    def _covariance_rows(self, state: RVGAState, rows: torch.Tensor) -> torch.Tensor:
+        return covariance_rows(state, rows)
+
+    def _shift_prior(self, state: RVGAState, delta, anchor) -> RVGAState:
+        return shift_prior(state, delta, anchor)
+
+    #: A shift re-factorises the covariance, O(d³): the belief follows the learned scale
+    #: once it has moved by 10 %.
+    prior_shift_tolerance = math.log(1.1)
 
     def _belief(self, state: RVGAState) -> CovarianceRoot:
         """The covariance root itself: draws need nothing more (the precision form waits)."""

@@ -12,9 +12,12 @@ on the filter's algebra:
   precision form);
 * it pulls the likelihood's gradient and curvature root back through the network for a
   filter step (:func:`~pyro_bbb.online.network.pull_back_rows`);
-* it estimates a Gaussian's learned noise scale as the stream arrives, from the one-step-ahead
-  errors (:class:`~pyro_bbb.online.observation.NoiseEstimate`), and writes it to the
-  likelihood;
+* it scores each minibatch under the belief before it (the one-step-ahead predictive,
+  :class:`Ahead`) and adds its log-density to :attr:`OnlineUpdater.log_evidence`;
+* from the same predictive it estimates a Gaussian's learned noise scale
+  (:class:`~pyro_bbb.online.empirical_bayes.NoiseEstimate`), written to the likelihood, and,
+  when asked, the prior's scale
+  (:class:`~pyro_bbb.online.empirical_bayes.PriorScaleEstimate`), applied to the belief;
 * it shows the belief as a :class:`~pyro_bbb.online.LowRankPrecisionGuide` (:attr:`guide`),
   converted when the guide is next used, so it is current at every point of the stream.
 
@@ -24,11 +27,12 @@ its step and the conversion of its state to the guide's form.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import torch
-from torch.distributions import constraints, transform_to
+from torch.distributions import MultivariateNormal, constraints, transform_to
 
 from .._validation import (
     check_features,
@@ -41,11 +45,12 @@ from ..infer.guides import LowRankGuide, MeanFieldGuide
 from ..infer.mcmc.potential import module_in_training_mode
 from ..model import BNN
 from ..priors.precision_normal import CovarianceRootNormal
+from .empirical_bayes import NoiseEstimate, PriorScaleEstimate
 from .guide import Belief, CovarianceRoot, LowRankPrecisionGuide
 from .network import WeightLayout, layout_of_trace, network_function, pull_back_rows, weight_layout
-from .observation import NoiseEstimate, Observation
+from .observation import Observation
 
-__all__ = ["OnlineUpdater", "Start"]
+__all__ = ["Ahead", "OnlineUpdater", "Start"]
 
 
 class Start(NamedTuple):
@@ -68,8 +73,25 @@ class Start(NamedTuple):
     covariance_root: torch.Tensor | None = None
 
 
+class Ahead(NamedTuple):
+    """A minibatch under the belief before it (the one-step-ahead predictive).
+
+    Attributes:
+        residual: Errors of the predictive mean, ``(B, C)`` (``None`` for a classifier).
+        epistemic: The belief's variance of the outputs, ``(B, C)``.
+        log_likelihood: The minibatch's log predictive density (nats, a scalar tensor).
+        jacobian: The outputs' Jacobian rows ``(C, S, B, d)`` at the ``S`` weight vectors the
+            step pulled back at (``None`` for a classifier).
+    """
+
+    residual: torch.Tensor | None
+    epistemic: torch.Tensor
+    log_likelihood: torch.Tensor
+    jacobian: torch.Tensor | None
+
+
 class OnlineUpdater:
-    """Base of the online updaters; see the module's notes.
+    r"""Base of the online updaters; see the module's notes.
 
     Attributes:
         model: The :class:`~pyro_bbb.BNN`.
@@ -78,6 +100,10 @@ class OnlineUpdater:
         state: The filter's state (its own form of the belief; ``None`` before set-up).
         num_seen: Points folded in so far.
         num_updates: Minibatches folded in so far.
+        log_evidence: The sum over the stream of the one-step-ahead log predictive densities
+            :math:`\log p(y_t \mid x_t, y_{<t})` (nats, linearised), the prequential score
+            of Dawid (1984): by the chain rule the stream's log marginal likelihood under
+            the filter, each term measured before the filter saw its minibatch.
         dynamics_noise: Weight variance added to the belief before each step.
 
     Args:
@@ -87,6 +113,10 @@ class OnlineUpdater:
         guide_rank: The rank of the guide the updater creates (``None``: full).
         dynamics_noise: Weight variance added to the belief before each step.
         init_loc: The starting mean when ``guide`` is ``None``.
+        learn_prior_scale: Learn a multiplier of the starting belief's precision from the
+            stream (:class:`~pyro_bbb.online.empirical_bayes.PriorScaleEstimate`): for a
+            Gaussian likelihood and a start with a diagonal precision (the prior, or a
+            ``MeanFieldGuide``); ignored otherwise.
     """
 
     def __init__(
@@ -97,15 +127,21 @@ class OnlineUpdater:
         guide_rank: int | None,
         dynamics_noise: float,
         init_loc: Any,
+        learn_prior_scale: bool = False,
     ) -> None:
         if not isinstance(model, BNN):
             raise TypeError(f"model must be a pyro_bbb.BNN, got {type(model).__name__}")
         self.model = model
         self.observation = Observation(model.likelihood)
         self.dynamics_noise = check_nonnegative_number("dynamics_noise", dynamics_noise)
+        self.learn_prior_scale = bool(learn_prior_scale)
+        self._prior_scale: PriorScaleEstimate | None = None
+        self._anchor: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._prior_applied = 1.0
         self.state: Any = None
         self.num_seen = 0
         self.num_updates = 0
+        self.log_evidence = 0.0
         self._layout: WeightLayout | None = None
         self._network: Callable | None = None
         self._num_outputs: int | None = None
@@ -152,11 +188,28 @@ class OnlineUpdater:
         """
         raise NotImplementedError
 
-    def _output_variance(self, state: Any, rows: torch.Tensor) -> torch.Tensor:
+    def _output_covariance(self, state: Any, rows: torch.Tensor) -> torch.Tensor:
+        r""":math:`A\Sigma A^\top` for Jacobian rows :math:`A` ``(..., k, d)``; ``(..., k, k)``."""
         raise NotImplementedError
 
     def _belief(self, state: Any) -> Belief | CovarianceRoot:
         raise NotImplementedError
+
+    def _covariance_rows(self, state: Any, rows: torch.Tensor) -> torch.Tensor:
+        r"""``rows @ Σ`` for rows ``(k, d)``: :math:`(\Sigma a)^\top` of each row :math:`a`."""
+        raise NotImplementedError
+
+    def _shift_prior(self, state: Any, delta: torch.Tensor, anchor: torch.Tensor) -> Any:
+        r"""The belief with precision :math:`\Lambda + \mathrm{diag}(\delta)`, mean moved.
+
+        The mean takes the Newton step towards ``anchor`` that the added precision implies,
+        :math:`\mu + (\Lambda + \mathrm{diag}\,\delta)^{-1}\,\delta \odot (\mu_0 - \mu)`.
+        """
+        raise NotImplementedError
+
+    #: How far (in log units) the learned prior scale may drift before the belief follows it:
+    #: 0 follows every step; a filter whose shift costs :math:`O(d^3)` waits for larger moves.
+    prior_shift_tolerance = 0.0
 
     def _check_guide(self, guide: LowRankPrecisionGuide) -> None:
         pass
@@ -203,13 +256,23 @@ class OnlineUpdater:
                 raise _diverged(where) from error
             if not all(bool(torch.isfinite(part).all()) for part in state):
                 raise _diverged(where)
+            ahead = self._one_step_ahead(old, y, outputs, rows, scale)
+            if ahead.residual is not None:
+                _check_errors(ahead.residual, y, where)
             variance = None
             if self._noise is not None:
-                variance = self._noise_proposal(old, y, outputs, rows, scale, where)
+                variance = self._noise.proposal(ahead.residual.square(), ahead.epistemic)
+            alpha = None
+            if self._prior_scale is not None:
+                alpha = self._prior_proposal(old, ahead, scale)
             self.state = state
             if variance is not None:
-                self._noise.accept(variance)
+                self._noise.accept()
                 _set_scale(self.model.likelihood, variance.sqrt())
+            if alpha is not None:
+                self._prior_scale.accept()
+                self._follow_prior_scale(alpha)
+        self.log_evidence += float(ahead.log_likelihood)
         self.num_seen += x.shape[0]
         self.num_updates += 1
         self._stale = True
@@ -245,6 +308,10 @@ class OnlineUpdater:
         self.guide.follow(self._export)
         if self.observation.learned_scale:
             self._noise = NoiseEstimate(self.observation.scale().square())
+        precision = _diagonal_precision(start)
+        if self.learn_prior_scale and self.observation.regression and precision is not None:
+            self._anchor = (start.mean.clone(), precision)
+            self._prior_scale = PriorScaleEstimate()
 
     def _export(self) -> Belief | CovarianceRoot | None:
         if not self._stale:
@@ -278,26 +345,80 @@ class OnlineUpdater:
         if x.is_floating_point():
             check_finite_tensor("x", x)
 
-    # -- the learned noise
-    def _noise_proposal(self, old, y, outputs, rows, scale, where: str) -> torch.Tensor:
-        """σ² moved towards the minibatch's innovation variance less the belief's share of it.
+    # -- the one-step-ahead predictive
+    def _one_step_ahead(self, old, y, outputs, rows, scale) -> Ahead:
+        r"""The minibatch under the belief before it: errors, variances, log-density.
 
-        ``outputs`` and ``rows`` are the one-step-ahead ones, at the belief before the step.
+        ``outputs`` ``(S, B, C)`` and ``rows`` ``(C, S, B, d)`` are the one-step-ahead ones.
+        For a Gaussian the outputs' covariance is the linearised :math:`J\Sigma J^\top` over
+        the minibatch's ``B·C`` outputs (averaged over the ``S`` weight vectors the step
+        pulled back at), and the log-density the joint
+        :math:`\log\mathcal N(y;\, \bar f,\, J\Sigma J^\top + \sigma^2 I)`; for a classifier
+        the rows hold the likelihood's curvature, not :math:`J`, and the log-density is the
+        plug-in one, at the mean outputs.
         """
-        jacobian = rows * scale  # the Gaussian's curvature root is I/σ: rows = J/σ, (C, S, B, d)
-        residual = y.reshape(outputs.shape[-2:]) - outputs.mean(0)
-        epistemic = self._output_variance(old, jacobian.reshape(-1, jacobian.shape[-1]))
-        mean_square = residual.square().mean()
-        variance = self._noise.proposal(mean_square, epistemic.mean())
-        if not bool(torch.isfinite(variance)) or not bool(variance > 0):
-            raise FloatingPointError(
-                f"{where} would make the learned noise variance {float(variance):.3g}: the "
-                f"minibatch's mean squared one-step-ahead error is {float(mean_square):.3g} "
-                f"(targets up to {float(y.abs().max()):.3g}), beyond what "
-                f"{str(outputs.dtype).removeprefix('torch.')} holds. The belief and the noise "
-                "are left as they were; standardise the targets, e.g. (y - mean) / std"
-            )
-        return variance
+        mean = outputs.mean(0)
+        if not self.observation.regression:
+            log_density = self.model.likelihood.log_prob(mean, y).sum()
+            return Ahead(None, torch.zeros_like(mean), log_density, None)
+        jacobian = rows * scale  # the Gaussian's curvature root is I/σ: rows = J/σ
+        by_draw = jacobian.permute(1, 2, 0, 3).flatten(1, 2)  # (S, B·C, d), row-major (b, c)
+        covariance = self._output_covariance(old, by_draw).mean(0)  # (B·C, B·C)
+        epistemic = covariance.diagonal().reshape(mean.shape)
+        residual = y.reshape(mean.shape) - mean
+        total = covariance.double().clone()  # epistemic is a view of covariance
+        total.diagonal().add_(float(scale.square()))
+        log_density = MultivariateNormal(
+            torch.zeros_like(total[0]), covariance_matrix=total, validate_args=False
+        ).log_prob(residual.reshape(-1).double())
+        return Ahead(residual, epistemic, log_density.to(mean.dtype), jacobian)
+
+    # -- the learned prior scale
+    def _prior_proposal(self, old, ahead: Ahead, scale) -> torch.Tensor | None:
+        r"""The prior's multiplier moved along the one-step-ahead score (a Gaussian's only)."""
+        if ahead.jacobian is None:
+            return None
+        anchor_mean, anchor_precision = self._anchor
+        rows = ahead.jacobian.reshape(-1, ahead.jacobian.shape[-1])
+        spread = self._covariance_rows(old, rows)  # u = ΣJᵀ, one row per output and point
+        variance_slope = -(spread.square() * anchor_precision).sum(-1)
+        mean_slope = spread @ (anchor_precision * (anchor_mean - old.mean))
+        shape = ahead.jacobian.shape[:-1]  # (C, S, B)
+        errors = ahead.residual.mT.unsqueeze(1).expand(shape).reshape(-1)
+        total = (ahead.epistemic + scale.square()).mT.unsqueeze(1).expand(shape).reshape(-1)
+        return self._prior_scale.proposal(errors, total, variance_slope, mean_slope)
+
+    def _follow_prior_scale(self, alpha: torch.Tensor) -> None:
+        """Move the belief's prior precision to ``alpha`` times the start's, exactly."""
+        change = float(alpha) / self._prior_applied
+        if abs(math.log(change)) <= self.prior_shift_tolerance:
+            return
+        anchor_mean, anchor_precision = self._anchor
+        delta = (float(alpha) - self._prior_applied) * anchor_precision
+        self.state = self._shift_prior(self.state, delta, anchor_mean)
+        self._prior_applied = float(alpha)
+
+    @property
+    def prior_scale(self) -> float | None:
+        r"""The learned multiplier :math:`\alpha` of the starting belief's precision.
+
+        The belief's prior is the starting one with its variances divided by
+        :math:`\alpha`; ``None`` when the prior's scale is not learned.
+        """
+        return None if self._prior_scale is None else self._prior_applied
+
+
+def _check_errors(residual: torch.Tensor, y: torch.Tensor, where: str) -> None:
+    """Refuse a minibatch whose squared one-step-ahead errors overflow the dtype."""
+    squares = residual.square()
+    if not bool(torch.isfinite(squares).all()):
+        raise FloatingPointError(
+            f"{where}: the squared one-step-ahead errors of this minibatch are "
+            f"{float(squares.max()):.3g} (targets up to {float(y.abs().max()):.3g}), beyond what "
+            f"{str(y.dtype).removeprefix('torch.')} holds; a learned noise variance and the "
+            "stream's log-evidence would be inf. The belief and the noise are left as they "
+            "were; standardise the targets, e.g. (y - mean) / std"
+        )
 
 
 def _diverged(where: str) -> FloatingPointError:
@@ -307,6 +428,20 @@ def _diverged(where: str) -> FloatingPointError:
         "network's own initialisation (e.g. priors.FanInGaussian), or start from a trained "
         "MeanFieldGuide"
     )
+
+
+def _diagonal_precision(start: Start) -> torch.Tensor | None:
+    """The starting belief's precision if it is diagonal (a prior, a mean-field guide)."""
+    if start.covariance_root is not None:
+        root = start.covariance_root
+        if bool((root - torch.diag(root.diagonal())).any()):
+            return None
+        return root.diagonal().square().reciprocal()
+    if start.covariance is not None:
+        return None
+    if start.precision_factor is not None and bool(start.precision_factor.any()):
+        return None
+    return start.precision_diag.clone()
 
 
 def _set_scale(likelihood, sigma: torch.Tensor) -> None:

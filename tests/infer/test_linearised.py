@@ -32,7 +32,7 @@ def test_on_a_network_linear_in_its_weights_it_is_the_sampled_predictive():
     model = _model([3, 1])
     guide = LowRankPrecisionGuide(model, rank=3)
     _belief(guide, x, 4)
-    sampled = bbb.predict(model, guide, x, num_samples=50, seed=1)
+    sampled = bbb.predict(model, guide, x, num_samples=50, seed=1, predictive="sample")
     linearised = bbb.predict(model, guide, x, num_samples=50, seed=1, predictive="linearised")
     torch.testing.assert_close(linearised.loc_samples, sampled.loc_samples)
     torch.testing.assert_close(linearised.scale_samples, sampled.scale_samples)
@@ -61,8 +61,11 @@ def test_its_outputs_are_gaussian_around_the_network_at_the_mean_with_covariance
         prediction.mean, network(fn.loc), atol=0.05 * float(expected_std.min()), rtol=0
     )
     # the sampled predictive runs the network at the draws: another distribution
-    sampled = bbb.predict(model, guide, x, num_samples=20_000, seed=0)
+    sampled = bbb.predict(model, guide, x, num_samples=20_000, seed=0, predictive="sample")
     assert float((sampled.mean - network(fn.loc)).abs().max()) > 0.05
+    # an online filter's guide is linearised unless told otherwise
+    default = bbb.predict(model, guide, x, num_samples=20_000, seed=0)
+    torch.testing.assert_close(default.loc_samples, prediction.loc_samples)
 
 
 def test_a_mean_field_guide_and_a_classifier_are_linearised_too():

@@ -119,7 +119,7 @@ def test_a_learned_noise_that_would_overflow_is_refused_and_leaves_everything_as
     updater = make(model)
     updater.update(x[:10], y[:10])
     before, scale = updater.state, updater.noise_scale.clone()
-    message = r"update 2 .*noise variance inf.*1e\+30.*standardise"
+    message = r"update 2 .*squared one-step-ahead errors.*inf.*1e\+30.*standardise"
     with pytest.raises(FloatingPointError, match=message):
         updater.update(x[10:20], torch.full((10,), 1e30))
     assert updater.state is before and updater.num_updates == 1
