@@ -21,9 +21,11 @@ the predictive's summaries (:mod:`pyro_bbb.infer.predictive`).
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
 
 import pyro.distributions as dist
+import pyro.poutine as poutine
 import torch
 from torch.func import jvp, vmap
 
@@ -41,7 +43,7 @@ _GAUSSIAN = (
 )
 
 
-def check_gaussian_draws(trace, model: BNN) -> None:
+def check_gaussian_draws(trace: poutine.Trace, model: BNN) -> None:
     """Refuse a guide whose draws of the network's weights are not Gaussian.
 
     A guide's sites are Gaussian (``Normal``, a multivariate or low-rank Gaussian, the precision
@@ -100,4 +102,8 @@ def linearised_outputs(
         return output + change
 
     tangents = {name: draws[name] - primals[name] for name in draws}
-    return vmap(one)(tangents)
+    with warnings.catch_warnings():
+        # torch's forward mode loads its decompositions by torch.jit.script on first use and
+        # warns that jit.script is deprecated: its own call, nothing a user can change
+        warnings.filterwarnings("ignore", "`torch.jit.script` is deprecated", DeprecationWarning)
+        return vmap(one)(tangents)

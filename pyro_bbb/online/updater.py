@@ -228,9 +228,10 @@ class OnlineUpdater:
 
         Raises:
             ValueError: On inputs the model cannot take (naming the argument), NaN or inf.
-            FloatingPointError: If the step makes the belief NaN or inf, or a learned noise
-                variance NaN, inf or zero (targets so large that their squares overflow);
-                the belief and the noise are left as they were, and the message names which.
+            FloatingPointError: If the step makes the belief NaN or inf, or the minibatch's
+                squared one-step-ahead errors overflow (targets of 1e30 in float32: a learned
+                noise and the log-evidence would be inf); the belief and the noise are left
+                as they were, and the message names which.
         """
         self._check_inputs(x, y)
         self._check_evaluation_mode()
