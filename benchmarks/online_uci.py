@@ -64,7 +64,10 @@ def main_table(table, methods):
         splits = max(int(r["splits"]) for r in rows.values())
         line = [dataset, str(splits)]
         line += [cell(rows.get(m), "rmse", places) for m in ours]
-        line += [f"{PUBLISHED_RMSE[p].get(dataset, math.nan):.{places}f}" for p in PUBLISHED_RMSE]
+        line += [
+            f"{PUBLISHED_RMSE[p][dataset]:.{places}f}" if dataset in PUBLISHED_RMSE[p] else "—"
+            for p in PUBLISHED_RMSE
+        ]
         line += [cell(rows.get(BATCH), "rmse", places)] if BATCH in methods else []
         line += [cell(rows.get(m), "log_likelihood", 2) for m in ours]
         line += [cell(rows.get(BATCH), "log_likelihood", 2)] if BATCH in methods else []
@@ -88,8 +91,9 @@ def targets(table, methods):
         }
         near = [d for d, gap in gaps.items() if gap <= 0.3]
         far = {d: round(gap, 2) for d, gap in gaps.items() if not gap <= 1.0}
+        published = sum(d in lofi for d in rows)
         out.append(
-            f"* {METHODS[m].label}: RMSE <= published LoFi on {len(below_lofi)} of {len(rows)} "
+            f"* {METHODS[m].label}: RMSE <= published LoFi on {len(below_lofi)} of {published} "
             f"({', '.join(sorted(below_lofi))}); <= published EKF on {len(below_ekf)} "
             f"({', '.join(sorted(below_ekf))}); test LL within 0.3 nats of the batch BNN on "
             f"{len(near)} ({', '.join(sorted(near))}); more than 1 nat below it on "

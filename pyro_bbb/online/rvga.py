@@ -193,8 +193,9 @@ class RVGA(OnlineUpdater):
     recursion (the module's notes have the maths): expected gradient and expected
     Gauss-Newton matrix under the belief, by Monte Carlo over ``num_samples`` mirrored draws
     or linearised at the mean. :attr:`guide` is the belief at every point of the stream, a
-    full-rank :class:`~pyro_bbb.online.LowRankPrecisionGuide` (converted from the
-    covariance, :math:`O(d^3)`, when it is next used).
+    full-rank :class:`~pyro_bbb.online.LowRankPrecisionGuide` that draws with the filter's own
+    covariance root (:math:`O(d^2)` a draw) and computes the precision form
+    (:math:`O(d^3)`) only when something asks for it.
 
     Args:
         model: A :class:`~pyro_bbb.BNN` with Gaussian priors on its weights and a Gaussian
@@ -209,6 +210,9 @@ class RVGA(OnlineUpdater):
             R-VGA).
         dynamics_noise: :math:`q \ge 0`, weight variance added before each step.
         init_loc: The starting mean when ``guide`` is ``None``.
+        learn_prior_scale: Learn the prior's scale from the stream (see
+            :class:`~pyro_bbb.online.OnlineUpdater`); each change re-factorises the
+            covariance, :math:`O(d^3)`, so the belief follows once it has moved by 10 %.
 
     Raises:
         TypeError: On a model that is not a ``BNN`` or an unsupported guide.
