@@ -38,6 +38,7 @@ __all__ = [
     "set_cached_value",
     "set_pyro_name",
     "site_name",
+    "tensor_version",
     "unconstrained_parameter",
     "user_class",
 ]
@@ -241,3 +242,15 @@ def low_rank_capacitance_tril(fn: torch.distributions.LowRankMultivariateNormal)
     Private ``_capacitance_tril``; computing it again costs a ``rank × rank`` Cholesky.
     """
     return fn._capacitance_tril
+
+
+# ----------------------------------------------------------------------------- tensors
+def tensor_version(tensor: torch.Tensor) -> int:
+    """How many times ``tensor``'s storage has been changed in place (``copy_``, ``add_``…).
+
+    torch's private ``Tensor._version`` (the counter autograd checks its saved tensors
+    against). A guide that caches a factorisation of its buffers keys it on this, so that any
+    in-place change of them, ``load`` included, is seen; the public alternative is to compare
+    the values at every use, which costs what the cache saves.
+    """
+    return tensor._version

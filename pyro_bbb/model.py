@@ -9,13 +9,15 @@ Nothing here knows of guides or training.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import pyro
 import torch
 from pyro.infer.util import is_validation_enabled
 from pyro.nn import PyroModule
 from torch import nn
 
-from ._pyro_compat import root_network
+from ._pyro_compat import root_network, run_context, set_cached_value
 from ._validation import (
     check_features,
     check_finite_tensor,
@@ -114,6 +116,27 @@ class BNN(PyroModule):
             if torch.is_floating_point(tensor):
                 return tensor.dtype
         return None
+
+    def network_at(self, weights: Mapping[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+        """The network's output with its Bayesian weights at given values, drawing nothing.
+
+        Inside a run of the model a ``PyroSample`` attribute returns the value cached under
+        its site name before it would issue a ``pyro.sample`` statement, so the network's own
+        ``forward`` runs on ``weights``: a pure function of them, for :mod:`torch.func`
+        (Jacobians, JVPs, ``vmap``), with no trace. Weights without sample dims make it one
+        pass of the network.
+
+        Args:
+            weights: ``{site name: value of the site's shape}`` for every Bayesian weight.
+            x: Inputs ``(batch, *features)``.
+
+        Returns:
+            The network's output, ``(batch, C)``.
+        """
+        with run_context(self):
+            for name, value in weights.items():
+                set_cached_value(self, name, value)
+            return self.net(x)
 
     def summary(self, *, reparam: str | None = None) -> NetworkSummary:
         """Every parameter: sample site or point estimate, shape, prior, estimator, size.

@@ -114,3 +114,12 @@ def test_convolutions_and_low_rank_parts_are_found():
     tril = compat.low_rank_capacitance_tril(fn)
     capacitance = torch.eye(2) + factor.mT @ (factor / diag.unsqueeze(-1))
     torch.testing.assert_close(tril @ tril.mT, capacitance)
+
+
+def test_a_tensors_version_counts_its_in_place_changes():
+    tensor = torch.zeros(3)
+    before = compat.tensor_version(tensor)
+    tensor.copy_(torch.ones(3))
+    tensor.add_(1)
+    assert compat.tensor_version(tensor) == before + 2
+    assert compat.tensor_version(tensor + 1) == 0  # a new tensor starts at 0

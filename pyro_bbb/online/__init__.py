@@ -10,10 +10,13 @@ and :func:`~pyro_bbb.priors.from_guide`.
   approximation (Lambert, Bonnabel and Bach 2022) with a full covariance, expectations by
   Monte Carlo or linearised; for networks of up to a few thousand weights;
 * :mod:`~pyro_bbb.online.lofi`: :class:`LoFi`, the low-rank extended Kalman filter (Chang et
-  al. 2023), a diagonal-plus-rank-``r`` precision whose cost grows linearly with the weights;
+  al. 2023), a diagonal-plus-rank-``r`` precision whose cost grows linearly with the weights,
+  with iterated and sampled (BONG, Jones, Chang and Murphy 2024) forms of its step;
 * :mod:`~pyro_bbb.online.guide`: :class:`LowRankPrecisionGuide`, the belief as a Pyro guide;
-* :mod:`~pyro_bbb.online.updater`: what the updaters share (checks, set-up, a learned
-  Gaussian noise);
+* :mod:`~pyro_bbb.online.updater`: what the updaters share (checks, set-up, the
+  one-step-ahead predictive and the stream's log-evidence);
+* :mod:`~pyro_bbb.online.empirical_bayes`: what they learn from the stream besides the
+  weights, the noise and the prior's scale;
 * :mod:`~pyro_bbb.online.observation`: the likelihood's gradient and curvature per
   observation;
 * :mod:`~pyro_bbb.online.network`: the network as a function of its flat weights, and its

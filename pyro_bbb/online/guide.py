@@ -20,21 +20,30 @@ model's prior, or the belief last given to :meth:`LowRankPrecisionGuide.set_beli
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import pyro
 import pyro.distributions as dist
 import torch
 from pyro.infer.autoguide import AutoGuide
 
+from .._pyro_compat import tensor_version
 from ..infer.guides._init import InitLoc, global_latent_sites, initial_locs
-from ..priors.precision_normal import LowRankPrecisionNormal
+from ..priors.precision_normal import CovarianceRootNormal, LowRankPrecisionNormal
 from .network import gaussian_prior
 
-__all__ = ["LowRankPrecisionGuide"]
+__all__ = ["CovarianceRoot", "LowRankPrecisionGuide"]
 
 Belief = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 """``(loc (d,), precision_factor (d, r), precision_diag (d,))``."""
+
+
+class CovarianceRoot(NamedTuple):
+    """A full-rank belief by its mean ``(d,)`` and any square root ``(d, d)`` of its covariance."""
+
+    loc: torch.Tensor
+    covariance_root: torch.Tensor
+
 
 BLOCK = "network"
 
@@ -64,10 +73,18 @@ class LowRankPrecisionGuide(AutoGuide):
             never separate), a pretrained ``nn.Module``, or ``{site: tensor}``.
         create_plates: Passed to :class:`~pyro.infer.autoguide.AutoGuide`.
 
+    Attributes:
+        default_predictive: ``"linearised"``: what :func:`~pyro_bbb.predict` uses for this
+            guide unless told otherwise. The belief comes from Gauss-Newton curvature, so it
+            describes the network linearised at its mean (Immer, Korzepa and Bauer 2021);
+            the network run at its draws under-fits (measured in ``docs/online.md``).
+
     Raises:
         ValueError: On a negative rank, and at set-up on a prior that is not a Gaussian with
             independent values.
     """
+
+    default_predictive = "linearised"
 
     def __init__(
         self,
@@ -84,7 +101,10 @@ class LowRankPrecisionGuide(AutoGuide):
         # Not a submodule: a pretrained network only lends its values.
         object.__setattr__(self, "_init_loc", init_loc)
         self._pending: Belief | None = None
-        self._source: Callable[[], Belief | None] | None = None  # see follow()
+        self._source: Callable[[], Belief | CovarianceRoot | None] | None = None  # follow()
+        self._root: torch.Tensor | None = None  # a covariance root, see set_covariance_root()
+        self._distribution: LowRankPrecisionNormal | None = None  # of the current belief
+        self._buffers_key: tuple = ()  # the buffers _root and _distribution were made for
 
     # -- set-up
     def _setup_prototype(self, *args, **kwargs) -> None:
@@ -103,6 +123,9 @@ class LowRankPrecisionGuide(AutoGuide):
         self.register_buffer("loc", loc)
         self.register_buffer("precision_factor", factor)
         self.register_buffer("precision_diag", diag)
+        if self.rank is None:  # full rank: draws from the prior's root, no factorisation
+            self._root = torch.diag(diag.rsqrt())
+            self._buffers_key = self._current_key()
         if self._pending is not None:
             pending, self._pending = self._pending, None
             self.set_belief(*pending)
@@ -158,30 +181,106 @@ class LowRankPrecisionGuide(AutoGuide):
         self.loc.copy_(loc)
         self.precision_factor.copy_(precision_factor)
         self.precision_diag.copy_(precision_diag)
+        self._root = self._distribution = None
+        self._buffers_key = self._current_key()
 
-    def follow(self, source: Callable[[], Belief | None] | None) -> None:
-        """Show a belief held elsewhere, converted only when this guide is next used.
+    @torch.no_grad()
+    def set_covariance_root(self, loc: torch.Tensor, covariance_root: torch.Tensor) -> None:
+        r"""Make a full-rank guide :math:`\mathcal{N}(\mu, SS^\top)`, for any square root :math:`S`.
+
+        Draws are then :math:`\mu + S\varepsilon`, :math:`O(d^2)` each with no factorisation
+        (:class:`~pyro_bbb.priors.precision_normal.CovarianceRootNormal`); the precision form
+        (the buffers ``precision_factor`` and ``precision_diag``, :math:`O(d^3)`) is computed
+        only when it is asked for: by the density, :meth:`posterior` or ``state_dict``
+        (``save``). :class:`~pyro_bbb.online.RVGA` shows its belief this way.
+
+        Args:
+            loc: :math:`\mu`, ``(d,)``.
+            covariance_root: :math:`S`, ``(d, d)``, invertible; kept, not copied.
+
+        Raises:
+            ValueError: On a guide of rank below ``d``, or shapes that do not fit it.
+        """
+        self._require_setup()
+        d = self.loc.shape[0]
+        if self.precision_factor.shape[1] != d:
+            raise ValueError(
+                f"a covariance root makes a full-rank belief; this guide has rank {self.rank}"
+            )
+        if loc.shape != (d,) or covariance_root.shape != (d, d):
+            raise ValueError(
+                f"loc must be ({d},) and covariance_root ({d}, {d}) for this guide, got "
+                f"{tuple(loc.shape)} and {tuple(covariance_root.shape)}"
+            )
+        self.loc.copy_(loc)
+        self._root = covariance_root.detach()
+        self._distribution = None
+        self._buffers_key = self._current_key()
+
+    def follow(self, source: Callable[[], Belief | CovarianceRoot | None] | None) -> None:
+        """Show a belief held elsewhere, taken only when this guide is next used.
 
         Args:
             source: Called before every use of the guide (a draw, ``posterior``,
-                ``marginals``); returns the belief ``(loc, precision_factor, precision_diag)``
-                when it changed since the last call, else ``None``. ``None`` stops following.
-                An online updater follows its state this way, so that a belief kept in
-                another form (R-VGA's covariance) is converted once per use, not per update.
+                ``marginals``, ``state_dict``); returns the belief when it changed since the
+                last call, else ``None``: ``(loc, precision_factor, precision_diag)``, or a
+                :class:`CovarianceRoot` (see :meth:`set_covariance_root`). ``None`` stops
+                following. An online updater follows its state this way, so that its belief
+                reaches the guide once per use, not once per update.
         """
         self._source = source
 
     def _pull(self) -> None:
         if self._source is not None:
             belief = self._source()
-            if belief is not None:
+            if isinstance(belief, CovarianceRoot):
+                self.set_covariance_root(*belief)
+            elif belief is not None:
                 self.set_belief(*belief)
 
     def distribution(self) -> LowRankPrecisionNormal:
-        """The belief over the flat weights, ``(d,)``, on the buffers (not detached)."""
+        """The belief over the flat weights, ``(d,)``, on the buffers (not detached).
+
+        One distribution per belief: its factorisations are computed once and kept until the
+        belief changes, so repeated draws (``predict``) pay for them once.
+        """
         self._require_setup()
         self._pull()
-        return LowRankPrecisionNormal(self.loc, self.precision_factor, self.precision_diag)
+        if self._buffers_key != self._current_key():  # changed in place (load) or moved
+            self._root = self._distribution = None
+            self._buffers_key = self._current_key()
+        if self._distribution is None:
+            if self._root is not None:
+                self._distribution = CovarianceRootNormal(self.loc, self._root)
+            else:
+                self._distribution = LowRankPrecisionNormal(
+                    self.loc, self.precision_factor, self.precision_diag
+                )
+        return self._distribution
+
+    def _current_key(self) -> tuple:
+        """Where the buffers are and how often they were changed in place."""
+        buffers = (self.loc, self.precision_factor, self.precision_diag)
+        return tuple((t.data_ptr(), tensor_version(t)) for t in buffers)
+
+    @torch.no_grad()
+    def _settle(self) -> None:
+        """The current belief in the buffers: pulled, and a covariance root's precision form."""
+        fn = self.distribution()
+        if self._root is not None:
+            self.precision_factor.copy_(fn.precision_factor)
+            self.precision_diag.copy_(fn.precision_diag)
+            self._buffers_key = self._current_key()  # still the belief the root draws from
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars) -> None:
+        if self.is_set_up:
+            self._settle()
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+
+    def _apply(self, fn, *args, **kwargs):
+        if self.is_set_up:
+            self._settle()  # the buffers move; a root kept aside would stay behind
+        return super()._apply(fn, *args, **kwargs)
 
     def forward(self, *args, **kwargs) -> dict[str, torch.Tensor]:
         """Draw the block and hand each model site its slice; takes the model's arguments.
@@ -212,6 +311,7 @@ class LowRankPrecisionGuide(AutoGuide):
     @torch.no_grad()
     def posterior(self) -> dict[str, LowRankPrecisionNormal]:
         """The belief, detached: ``{"network": LowRankPrecisionNormal over (d,)}``."""
+        self._settle()
         fn = self.distribution()
         return {
             BLOCK: LowRankPrecisionNormal(

@@ -45,10 +45,21 @@ from typing import Any, NamedTuple
 import torch
 
 from .._validation import check_int
+from ..priors.precision_normal import CovarianceRootNormal, LowRankPrecisionNormal
 from .guide import Belief, LowRankPrecisionGuide
 from .updater import OnlineUpdater, Start
 
-__all__ = ["LoFi", "LoFiState", "init", "output_variance", "predict", "update"]
+__all__ = [
+    "LoFi",
+    "LoFiState",
+    "covariance_rows",
+    "draws",
+    "init",
+    "output_covariance",
+    "predict",
+    "shift_prior",
+    "update",
+]
 
 
 class LoFiState(NamedTuple):
@@ -116,20 +127,47 @@ def predict(state: LoFiState, dynamics_noise: float) -> LoFiState:
     return LoFiState(state.mean, state.precision_diag * shrink, factor)
 
 
-def update(state: LoFiState, gradient: torch.Tensor, curvature_rows: torch.Tensor) -> LoFiState:
+def update(
+    state: LoFiState,
+    gradient: torch.Tensor,
+    curvature_rows: torch.Tensor,
+    *,
+    iterate: torch.Tensor | None = None,
+    step_size: float = 1.0,
+) -> LoFiState:
     r"""One linearised Bayes step, then the projection back to rank :math:`r`.
+
+    From the belief :math:`\mathcal N(\mu, \Lambda^{-1})` before the minibatch and the
+    likelihood linearised at an iterate :math:`\mu^{(i)}` (the mean itself for the plain
+    step), the Gauss-Newton step on the one-step posterior,
+
+    .. math::
+
+        \tilde\Lambda = \Lambda + AA^\top, \qquad
+        \mu^{(i+1)} = \mu^{(i)} + s\,\tilde\Lambda^{-1}\big(\textstyle\sum_n J_n^\top g_n
+            + \Lambda(\mu - \mu^{(i)})\big),
+
+    with :math:`J_n, g_n, A` taken at :math:`\mu^{(i)}` and :math:`s` the step size: with
+    :math:`\mu^{(i)} = \mu` and :math:`s = 1` the extended Kalman filter's step (BONG's one
+    natural-gradient step of unit size), repeated the iterated one.
 
     Args:
         state: The belief before the minibatch.
         gradient: :math:`\sum_n J_n^\top g_n`, ``(d,)``: the log-likelihood's gradient in the
-            weights at the mean.
+            weights at the iterate.
         curvature_rows: :math:`A^\top`, ``(k, d)``: rows whose outer products add up to the
             minibatch's Gauss-Newton matrix, :math:`\sum_n J_n^\top H_n J_n = AA^\top`.
+        iterate: :math:`\mu^{(i)}` ``(d,)``; ``None`` for the belief's mean.
+        step_size: :math:`s \in (0, 1]`.
 
     Returns:
         The belief after the minibatch, of the same rank.
     """
     mean, diag, factor = state
+    if iterate is not None:  # Λ(μ − μ⁽ⁱ⁾) = Υδ + W(Wᵀδ)
+        offset = mean - iterate
+        gradient = gradient + diag * offset + factor @ (factor.mT @ offset)
+        mean = iterate
     rank = factor.shape[1]
     inverse = 1 / diag
     # Woodbury: Λ̃⁻¹g = Υ⁻¹g − Υ⁻¹W̃ K̃⁻¹ W̃ᵀΥ⁻¹g, K̃ = I + W̃ᵀΥ⁻¹W̃, W̃ = [W, A]. The k rows of
@@ -148,24 +186,69 @@ def update(state: LoFiState, gradient: torch.Tensor, curvature_rows: torch.Tenso
     step = v - scaled_factor @ solved[:rank] - scaled_rows.mT @ solved[rank:]
     gram = _blocks(factor.mT @ factor, rows_factor, curvature_rows @ curvature_rows.mT)
     new_factor, discarded = _project_gram(factor, curvature_rows, gram, rank)
-    return LoFiState(mean + step, diag + discarded, new_factor)
+    return LoFiState(mean + step_size * step, diag + discarded, new_factor)
 
 
-def output_variance(state: LoFiState, rows: torch.Tensor) -> torch.Tensor:
-    r""":math:`a^\top\Lambda^{-1}a` for each row :math:`a` of ``rows`` ``(k, d)``; ``(k,)``.
+def draws(state: LoFiState, num_samples: int) -> torch.Tensor:
+    r"""``num_samples`` (even) draws :math:`\mu \pm \varepsilon_s`, mirrored, ``(num_samples, d)``.
 
-    By Woodbury, :math:`O(kdr)`: the belief's predicted variance of outputs whose Jacobian
-    rows are ``rows``.
+    Uses torch's global random state.
+    """
+    fn = LowRankPrecisionNormal(state.mean, state.precision_factor, state.precision_diag)
+    noise = torch.randn(num_samples // 2, state.mean.shape[0], dtype=state.mean.dtype)
+    offsets = fn.reparameterize(noise.to(state.mean.device)) - state.mean
+    return state.mean + torch.cat([offsets, -offsets])
+
+
+def covariance_rows(state: LoFiState, rows: torch.Tensor) -> torch.Tensor:
+    r"""``rows @ Λ⁻¹``: :math:`(\Lambda^{-1}a)^\top` for each row :math:`a` ``(k, d)``; ``(k, d)``.
+
+    By Woodbury, :math:`\Lambda^{-1}a = \Upsilon^{-1}a - \Upsilon^{-1}WK^{-1}W^\top
+    \Upsilon^{-1}a` with :math:`K = I + W^\top\Upsilon^{-1}W`, :math:`O(kdr + r^3)`.
+    """
+    _, diag, factor = state
+    scaled_rows = rows * (1 / diag)
+    scaled_factor = (factor / diag.unsqueeze(-1)).double()
+    capacitance = torch.eye(factor.shape[1], dtype=torch.float64, device=factor.device)
+    capacitance = capacitance + factor.double().mT @ scaled_factor
+    solved = torch.linalg.solve(capacitance, factor.double().mT @ scaled_rows.double().mT)
+    return scaled_rows - (scaled_factor @ solved).mT.to(rows.dtype)
+
+
+def shift_prior(state: LoFiState, delta: torch.Tensor, anchor: torch.Tensor) -> LoFiState:
+    r"""Precision :math:`\Lambda + \mathrm{diag}(\delta)`, and the mean's step towards ``anchor``.
+
+    :math:`\Upsilon' = \Upsilon + \delta` (exact: the prior's precision sits in the
+    diagonal), :math:`\mu' = \mu + \Lambda'^{-1}\,\delta\odot(\mu_0 - \mu)`, the Newton step
+    of the changed prior term; exact on a linear-Gaussian model.
+
+    Args:
+        state: The belief.
+        delta: The added precision ``(d,)``; may be negative where it keeps the diagonal
+            positive.
+        anchor: :math:`\mu_0` ``(d,)``, the prior's mean.
+    """
+    mean, diag, factor = state
+    shifted = LoFiState(mean, diag + delta, factor)
+    step = covariance_rows(shifted, (delta * (anchor - mean)).unsqueeze(0)).squeeze(0)
+    return LoFiState(mean + step, shifted.precision_diag, factor)
+
+
+def output_covariance(state: LoFiState, rows: torch.Tensor) -> torch.Tensor:
+    r""":math:`A\Lambda^{-1}A^\top` for rows :math:`A` ``(..., k, d)``; ``(..., k, k)``.
+
+    By Woodbury, :math:`O(kdr + k^2d)`: the belief's predicted covariance of outputs whose
+    Jacobian rows are ``rows``.
     """
     _, diag, factor = state
     inverse = 1 / diag
-    first = (rows.square() * inverse).sum(-1)
+    first = (rows * inverse) @ rows.mT
     scaled = (factor * inverse.unsqueeze(-1)).double()
     capacitance = torch.eye(factor.shape[1], dtype=torch.float64, device=factor.device)
     capacitance = capacitance + factor.double().mT @ scaled
     root = torch.linalg.cholesky(capacitance)
     whitened = torch.linalg.solve_triangular(root, scaled.mT @ rows.double().mT, upper=False)
-    return first - whitened.square().sum(0).to(first.dtype)
+    return first - (whitened.mT @ whitened).to(first.dtype)
 
 
 def _blocks(top_left, bottom_left, bottom_right) -> torch.Tensor:
@@ -222,11 +305,22 @@ class LoFi(OnlineUpdater):
             step, for data that drift (0: a static target).
         init_loc: The starting mean when ``guide`` is ``None`` (see
             :class:`~pyro_bbb.online.LowRankPrecisionGuide`).
+        learn_prior_scale: Learn the prior's scale from the stream (see
+            :class:`~pyro_bbb.online.OnlineUpdater`).
+        num_iterations: Gauss-Newton steps on the minibatch, each relinearised at the last
+            iterate (1: the LoFi step; more: the iterated filter).
+        num_samples: ``None`` to linearise at the mean (LoFi); an even number of mirrored
+            draws from the belief to take the expected gradient and Gauss-Newton matrix by
+            Monte Carlo instead (BONG's sampled form, Jones, Chang and Murphy 2024).
+        step_size: The size :math:`s \in (0, 1]` of each Gauss-Newton step (1: BONG's unit
+            natural-gradient step; below 1, iterated, the Bayesian learning rule's damped
+            steps).
 
     Raises:
         TypeError: On a model that is not a ``BNN`` or an unsupported guide.
-        ValueError: On a bad rank or dynamics noise; at the first update, on non-Gaussian
-            priors or a ``LowRankPrecisionGuide`` of another rank.
+        ValueError: On a bad rank, dynamics noise, iteration count, number of draws or step
+            size; at the first update, on non-Gaussian priors or a ``LowRankPrecisionGuide``
+            of another rank.
     """
 
     def __init__(
@@ -237,10 +331,26 @@ class LoFi(OnlineUpdater):
         rank: int = 10,
         dynamics_noise: float = 0.0,
         init_loc: Any = None,
+        learn_prior_scale: bool = False,
+        num_iterations: int = 1,
+        num_samples: int | None = None,
+        step_size: float = 1.0,
     ) -> None:
         self.rank = check_int("rank", rank, minimum=0)
+        self.num_iterations = check_int("num_iterations", num_iterations)
+        self.num_samples = check_int("num_samples", num_samples, minimum=2, optional=True)
+        if self.num_samples is not None and self.num_samples % 2:
+            raise ValueError(f"num_samples must be even (mirrored pairs), got {num_samples}")
+        if not 0 < step_size <= 1:
+            raise ValueError(f"step_size must be in (0, 1], got {step_size!r}")
+        self.step_size = float(step_size)
         super().__init__(
-            model, guide, guide_rank=self.rank, dynamics_noise=dynamics_noise, init_loc=init_loc
+            model,
+            guide,
+            guide_rank=self.rank,
+            dynamics_noise=dynamics_noise,
+            init_loc=init_loc,
+            learn_prior_scale=learn_prior_scale,
         )
 
     def _init_state(self, start: Start) -> LoFiState:
@@ -250,17 +360,37 @@ class LoFi(OnlineUpdater):
                 "LowRankGuide's covariance D + VVᵀ; start from a MeanFieldGuide, a "
                 "LowRankPrecisionGuide, or the prior (guide=None), or use RVGA"
             )
+        if start.covariance_root is not None:  # a full-rank belief: its precision form
+            fn = CovarianceRootNormal(start.mean, start.covariance_root)
+            return init(start.mean, fn.precision_diag, fn.precision_factor, rank=self.rank)
         return init(start.mean, start.precision_diag, start.precision_factor, rank=self.rank)
 
     def _step(
         self, state: LoFiState, pull: Callable[[torch.Tensor], tuple]
     ) -> tuple[LoFiState, torch.Tensor, torch.Tensor]:
-        state = predict(state, self.dynamics_noise)
-        outputs, rows, gradient = pull(state.mean.unsqueeze(0))
-        return update(state, gradient, rows.reshape(-1, rows.shape[-1])), outputs, rows
+        prior = predict(state, self.dynamics_noise)
+        current = prior
+        for iteration in range(self.num_iterations):
+            if self.num_samples is None:
+                thetas = current.mean.unsqueeze(0)
+            else:
+                thetas = draws(current, self.num_samples)
+            outputs, rows, gradient = pull(thetas)
+            if not iteration:  # the one-step-ahead predictive
+                ahead = outputs, rows
+            flat = rows.reshape(-1, rows.shape[-1]) / thetas.shape[0] ** 0.5
+            iterate = current.mean if iteration else None
+            current = update(prior, gradient, flat, iterate=iterate, step_size=self.step_size)
+        return current, *ahead
 
-    def _output_variance(self, state: LoFiState, rows: torch.Tensor) -> torch.Tensor:
-        return output_variance(state, rows)
+    def _output_covariance(self, state: LoFiState, rows: torch.Tensor) -> torch.Tensor:
+        return output_covariance(state, rows)
+
+    def _covariance_rows(self, state: LoFiState, rows: torch.Tensor) -> torch.Tensor:
+        return covariance_rows(state, rows)
+
+    def _shift_prior(self, state: LoFiState, delta, anchor) -> LoFiState:
+        return shift_prior(state, delta, anchor)
 
     def _belief(self, state: LoFiState) -> Belief:
         return state.mean, state.precision_factor, state.precision_diag

@@ -32,7 +32,6 @@ from pyro.poutine.util import site_is_subsample
 from torch.func import vjp, vmap
 
 from .._devices import cuda_devices
-from .._pyro_compat import run_context, set_cached_value
 from .._support import independent_base
 from ..model import BNN
 
@@ -48,20 +47,6 @@ __all__ = [
 
 NetworkFunction = Callable[[Mapping[str, torch.Tensor], torch.Tensor], torch.Tensor]
 """``f(weights, x)``: ``{site: tensor}`` and inputs ``(batch, *features)`` to ``(batch, C)``."""
-
-
-def _run_network(model: BNN, weights: Mapping[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
-    """Run ``model.net`` on ``x`` with every Bayesian weight given, issuing no sample statement.
-
-    Inside a run of the model, a ``PyroSample`` attribute returns the value cached under its
-    site name before it would issue a ``pyro.sample`` statement, so the network's own
-    ``forward`` runs on ``weights`` (as :mod:`pyro_bbb.infer.fused` does); weights without
-    sample dims make it one pass of the network, whatever its path for several draws.
-    """
-    with run_context(model):
-        for name, value in weights.items():
-            set_cached_value(model, name, value)
-        return model.net(x)
 
 
 @dataclass(frozen=True)
@@ -210,7 +195,7 @@ def network_function(model: BNN, layout: WeightLayout, x: torch.Tensor) -> Netwo
     """
 
     def f(weights: Mapping[str, torch.Tensor], inputs: torch.Tensor) -> torch.Tensor:
-        return _run_network(model, weights, inputs)
+        return model.network_at(weights, inputs)
 
     with torch.no_grad(), poutine.trace() as tracer:
         f(layout.unflatten(layout.prior_loc), x[:1])

@@ -17,8 +17,9 @@ network's output space (:math:`C` outputs):
   :math:`L = \mathrm{diag}\sqrt{p(1-p)}`.
 
 A Gaussian likelihood with a learned scale (``likelihoods.Gaussian()``) has it estimated as
-the stream arrives (:class:`NoiseEstimate`). This module holds :class:`Observation`, which
-builds these per-row terms from a model's likelihood, and knows nothing of filters.
+the stream arrives (:mod:`~pyro_bbb.online.empirical_bayes`). This module holds
+:class:`Observation`, which builds these per-row terms from a model's likelihood, and knows
+nothing of filters.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import torch
 
 from ..likelihoods import Bernoulli, Categorical, Gaussian, Likelihood
 
-__all__ = ["NoiseEstimate", "Observation"]
+__all__ = ["Observation"]
 
 
 class Observation:
@@ -103,56 +104,3 @@ class Observation:
             return torch.cat([root, (target - p).unsqueeze(-1)], -1)
 
         return bernoulli
-
-
-class NoiseEstimate:
-    r"""A Gaussian likelihood's noise variance, estimated from the stream's one-step-ahead errors.
-
-    Before a minibatch is folded in, the belief predicts each target with variance
-    :math:`J\Sigma J^\top + \sigma^2` (linearised), so the squared one-step-ahead error
-    :math:`e = y - f(x; \mu)` has expectation that sum: the noise variance is what the errors
-    hold beyond the belief's own uncertainty (covariance matching, Mehra 1972, "Approaches to
-    adaptive filtering"),
-
-    .. math::
-
-        s_t^2 = \max\big(\overline{e^2} - \overline{J\Sigma J^\top},\;
-            \epsilon\,\overline{e^2}\big),
-        \qquad
-        \sigma^2_t = (1 - \gamma_t)\,\sigma^2_{t-1} + \gamma_t\, s_t^2, \quad
-        \gamma_t = t^{-0.6},
-
-    averages over the minibatch's rows and outputs, with the steps of online EM (Cappé and
-    Moulines 2009), which forget the first minibatches faster than a running mean; the first
-    minibatch sets the estimate (:math:`\gamma_1 = 1`), and :math:`\epsilon = 0.01` keeps
-    it positive. Errors measured *after* the update (the M-step of variational EM) are the
-    alternative, and a trap: a filter that starts with a large σ updates weakly, so its errors
-    stay large and so does σ (measured in ``docs/online.md``: twice the true σ and 1 nat
-    worse, where this estimate lands within 10 % of it).
-
-    Args:
-        variance: The starting variance (the likelihood's scale squared).
-    """
-
-    #: The exponent α of the step :math:`\gamma_t = t^{-\alpha}`, in (1/2, 1].
-    step_exponent = 0.6
-    #: :math:`\epsilon`, the floor of a minibatch's estimate as a fraction of its errors.
-    floor = 0.01
-
-    def __init__(self, variance: torch.Tensor) -> None:
-        self.variance = variance.detach().clone()
-        self.steps = 0
-
-    def update(self, mean_square_error: torch.Tensor, predicted: torch.Tensor) -> torch.Tensor:
-        r"""Fold one minibatch in and return the new variance.
-
-        Args:
-            mean_square_error: :math:`\\overline{e^2}`, the mean squared one-step-ahead error.
-            predicted: :math:`\\overline{J\\Sigma J^\top}`, the belief's mean predicted
-                variance of the outputs at those points.
-        """
-        self.steps += 1
-        step = self.steps**-self.step_exponent
-        estimate = (mean_square_error - predicted).clamp_min(self.floor * mean_square_error)
-        self.variance = (1 - step) * self.variance + step * estimate.detach()
-        return self.variance

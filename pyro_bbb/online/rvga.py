@@ -53,23 +53,26 @@ and :func:`update`, and :class:`RVGA`, the updater a user drives one minibatch a
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import torch
 
 from .._validation import check_int
-from .guide import Belief
+from .guide import CovarianceRoot
 from .updater import OnlineUpdater, Start
 
 __all__ = [
     "RVGA",
     "RVGAState",
+    "covariance_rows",
     "draws",
     "init",
-    "output_variance",
+    "output_covariance",
     "precision_times",
     "predict",
+    "shift_prior",
     "update",
 ]
 
@@ -150,9 +153,37 @@ def precision_times(state: RVGAState, vector: torch.Tensor) -> torch.Tensor:
     return torch.linalg.solve(root.mT, inner)
 
 
-def output_variance(state: RVGAState, rows: torch.Tensor) -> torch.Tensor:
-    r""":math:`a^\top P a` for each row :math:`a` of ``rows`` ``(k, d)``; ``(k,)``."""
-    return (rows @ state.covariance_root).square().sum(-1)
+def covariance_rows(state: RVGAState, rows: torch.Tensor) -> torch.Tensor:
+    r"""``rows @ P``: :math:`(Pa)^\top = ((a^\top S)S^\top)` for rows ``(k, d)``; ``(k, d)``."""
+    root = state.covariance_root
+    return (rows @ root) @ root.mT
+
+
+def shift_prior(state: RVGAState, delta: torch.Tensor, anchor: torch.Tensor) -> RVGAState:
+    r"""Precision :math:`P^{-1} + \mathrm{diag}(\delta)`, and the mean's step towards ``anchor``.
+
+    With :math:`LL^\top = I + S^\top\mathrm{diag}(\delta)S` (Cholesky, :math:`O(d^3)`),
+    :math:`S' = SL^{-\top}` is a root of the new covariance; the mean takes the Newton step of
+    the changed prior term, :math:`\mu + S'S'^\top\,\delta\odot(\mu_0 - \mu)`.
+
+    Args:
+        state: The belief.
+        delta: The added precision ``(d,)``, negative only where the precision stays positive.
+        anchor: :math:`\mu_0` ``(d,)``, the prior's mean.
+    """
+    mean, root = state
+    inner = root.mT @ (delta.unsqueeze(-1) * root)
+    inner.diagonal().add_(1)
+    tril = torch.linalg.cholesky(inner.double()).to(root.dtype)
+    root = torch.linalg.solve_triangular(tril, root.mT, upper=False).mT
+    step = root @ (root.mT @ (delta * (anchor - mean)))
+    return RVGAState(mean + step, root)
+
+
+def output_covariance(state: RVGAState, rows: torch.Tensor) -> torch.Tensor:
+    r""":math:`APA^\top = (AS)(AS)^\top` for rows :math:`A` ``(..., k, d)``; ``(..., k, k)``."""
+    projected = rows @ state.covariance_root
+    return projected @ projected.mT
 
 
 class RVGA(OnlineUpdater):
@@ -162,8 +193,9 @@ class RVGA(OnlineUpdater):
     recursion (the module's notes have the maths): expected gradient and expected
     Gauss-Newton matrix under the belief, by Monte Carlo over ``num_samples`` mirrored draws
     or linearised at the mean. :attr:`guide` is the belief at every point of the stream, a
-    full-rank :class:`~pyro_bbb.online.LowRankPrecisionGuide` (converted from the
-    covariance, :math:`O(d^3)`, when it is next used).
+    full-rank :class:`~pyro_bbb.online.LowRankPrecisionGuide` that draws with the filter's own
+    covariance root (:math:`O(d^2)` a draw) and computes the precision form
+    (:math:`O(d^3)`) only when something asks for it.
 
     Args:
         model: A :class:`~pyro_bbb.BNN` with Gaussian priors on its weights and a Gaussian
@@ -178,6 +210,9 @@ class RVGA(OnlineUpdater):
             R-VGA).
         dynamics_noise: :math:`q \ge 0`, weight variance added before each step.
         init_loc: The starting mean when ``guide`` is ``None``.
+        learn_prior_scale: Learn the prior's scale from the stream (see
+            :class:`~pyro_bbb.online.OnlineUpdater`); each change re-factorises the
+            covariance, :math:`O(d^3)`, so the belief follows once it has moved by 10 %.
 
     Raises:
         TypeError: On a model that is not a ``BNN`` or an unsupported guide.
@@ -194,6 +229,7 @@ class RVGA(OnlineUpdater):
         num_iterations: int = 1,
         dynamics_noise: float = 0.0,
         init_loc: Any = None,
+        learn_prior_scale: bool = False,
     ) -> None:
         self.num_samples = check_int("num_samples", num_samples, minimum=2)
         if self.num_samples % 2:
@@ -201,10 +237,17 @@ class RVGA(OnlineUpdater):
         self.linearised = bool(linearised)
         self.num_iterations = check_int("num_iterations", num_iterations)
         super().__init__(
-            model, guide, guide_rank=None, dynamics_noise=dynamics_noise, init_loc=init_loc
+            model,
+            guide,
+            guide_rank=None,
+            dynamics_noise=dynamics_noise,
+            init_loc=init_loc,
+            learn_prior_scale=learn_prior_scale,
         )
 
     def _init_state(self, start: Start) -> RVGAState:
+        if start.covariance_root is not None:
+            return RVGAState(start.mean, start.covariance_root)
         if start.covariance is not None:
             return init(start.mean, start.covariance)
         if start.precision_factor is None or start.precision_factor.shape[1] == 0:
@@ -224,26 +267,30 @@ class RVGA(OnlineUpdater):
             else:
                 thetas = draws(current, self.num_samples)
             outputs, rows, gradient = pull(thetas)
+            if not iteration:  # the one-step-ahead predictive, for the learned noise
+                ahead = outputs, rows
             flat = rows.reshape(-1, rows.shape[-1]) / thetas.shape[0] ** 0.5
             if iteration:  # a Gauss-Newton step on the implicit equations, from q^(i)
                 gradient = gradient + precision_times(previous, previous.mean - current.mean)
             current = update(RVGAState(current.mean, previous.covariance_root), gradient, flat)
-        return current, outputs, rows
+        return current, *ahead
 
-    def _output_variance(self, state: RVGAState, rows: torch.Tensor) -> torch.Tensor:
-        return output_variance(state, rows)
+    def _output_covariance(self, state: RVGAState, rows: torch.Tensor) -> torch.Tensor:
+        return output_covariance(state, rows)
 
-    def _belief(self, state: RVGAState) -> Belief:
-        r"""The precision :math:`P^{-1} = cI + WW^\top`, :math:`c` half its smallest eigenvalue."""
-        root = state.covariance_root.double()
-        precision = torch.cholesky_inverse(torch.linalg.cholesky(root @ root.mT))
-        floor = 0.5 * torch.linalg.eigvalsh(precision)[0]
-        shifted = precision - floor * torch.eye(
-            len(precision), dtype=precision.dtype, device=precision.device
-        )
-        factor = torch.linalg.cholesky(shifted).to(state.mean.dtype)
-        diag = torch.full_like(state.mean, float(floor))
-        return state.mean, factor, diag
+    def _covariance_rows(self, state: RVGAState, rows: torch.Tensor) -> torch.Tensor:
+        return covariance_rows(state, rows)
+
+    def _shift_prior(self, state: RVGAState, delta, anchor) -> RVGAState:
+        return shift_prior(state, delta, anchor)
+
+    #: A shift re-factorises the covariance, O(d³): the belief follows the learned scale
+    #: once it has moved by 10 %.
+    prior_shift_tolerance = math.log(1.1)
+
+    def _belief(self, state: RVGAState) -> CovarianceRoot:
+        """The covariance root itself: draws need nothing more (the precision form waits)."""
+        return CovarianceRoot(state.mean, state.covariance_root)
 
     def _check_guide(self, guide) -> None:
         if guide.rank is not None:

@@ -12,9 +12,12 @@ on the filter's algebra:
   precision form);
 * it pulls the likelihood's gradient and curvature root back through the network for a
   filter step (:func:`~pyro_bbb.online.network.pull_back_rows`);
-* it estimates a Gaussian's learned noise scale as the stream arrives, from the one-step-ahead
-  errors (:class:`~pyro_bbb.online.observation.NoiseEstimate`), and writes it to the
-  likelihood;
+* it scores each minibatch under the belief before it (the one-step-ahead predictive,
+  :class:`Ahead`) and adds its log-density to :attr:`OnlineUpdater.log_evidence`;
+* from the same predictive it estimates a Gaussian's learned noise scale
+  (:class:`~pyro_bbb.online.empirical_bayes.NoiseEstimate`), written to the likelihood, and,
+  when asked, the prior's scale
+  (:class:`~pyro_bbb.online.empirical_bayes.PriorScaleEstimate`), applied to the belief;
 * it shows the belief as a :class:`~pyro_bbb.online.LowRankPrecisionGuide` (:attr:`guide`),
   converted when the guide is next used, so it is current at every point of the stream.
 
@@ -24,11 +27,12 @@ its step and the conversion of its state to the guide's form.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import torch
-from torch.distributions import constraints, transform_to
+from torch.distributions import MultivariateNormal, constraints, transform_to
 
 from .._validation import (
     check_features,
@@ -38,12 +42,15 @@ from .._validation import (
     check_tensor,
 )
 from ..infer.guides import LowRankGuide, MeanFieldGuide
+from ..infer.mcmc.potential import module_in_training_mode
 from ..model import BNN
-from .guide import Belief, LowRankPrecisionGuide
+from ..priors.precision_normal import CovarianceRootNormal
+from .empirical_bayes import NoiseEstimate, PriorScaleEstimate
+from .guide import Belief, CovarianceRoot, LowRankPrecisionGuide
 from .network import WeightLayout, layout_of_trace, network_function, pull_back_rows, weight_layout
-from .observation import NoiseEstimate, Observation
+from .observation import Observation
 
-__all__ = ["OnlineUpdater", "Start"]
+__all__ = ["Ahead", "OnlineUpdater", "Start"]
 
 
 class Start(NamedTuple):
@@ -55,16 +62,36 @@ class Start(NamedTuple):
             ``None`` when ``covariance`` is given.
         precision_factor: ``(d, k)`` or ``None``.
         covariance: A dense covariance ``(d, d)`` (from a ``LowRankGuide``), or ``None``.
+        covariance_root: A square root ``(d, d)`` of the covariance (from a full-rank
+            ``LowRankPrecisionGuide`` that holds one), or ``None``.
     """
 
     mean: torch.Tensor
     precision_diag: torch.Tensor | None
     precision_factor: torch.Tensor | None
     covariance: torch.Tensor | None
+    covariance_root: torch.Tensor | None = None
+
+
+class Ahead(NamedTuple):
+    """A minibatch under the belief before it (the one-step-ahead predictive).
+
+    Attributes:
+        residual: Errors of the predictive mean, ``(B, C)`` (``None`` for a classifier).
+        epistemic: The belief's variance of the outputs, ``(B, C)``.
+        log_likelihood: The minibatch's log predictive density (nats, a scalar tensor).
+        jacobian: The outputs' Jacobian rows ``(C, S, B, d)`` at the ``S`` weight vectors the
+            step pulled back at (``None`` for a classifier).
+    """
+
+    residual: torch.Tensor | None
+    epistemic: torch.Tensor
+    log_likelihood: torch.Tensor
+    jacobian: torch.Tensor | None
 
 
 class OnlineUpdater:
-    """Base of the online updaters; see the module's notes.
+    r"""Base of the online updaters; see the module's notes.
 
     Attributes:
         model: The :class:`~pyro_bbb.BNN`.
@@ -73,6 +100,10 @@ class OnlineUpdater:
         state: The filter's state (its own form of the belief; ``None`` before set-up).
         num_seen: Points folded in so far.
         num_updates: Minibatches folded in so far.
+        log_evidence: The sum over the stream of the one-step-ahead log predictive densities
+            :math:`\log p(y_t \mid x_t, y_{<t})` (nats, linearised), the prequential score
+            of Dawid (1984): by the chain rule the stream's log marginal likelihood under
+            the filter, each term measured before the filter saw its minibatch.
         dynamics_noise: Weight variance added to the belief before each step.
 
     Args:
@@ -82,6 +113,10 @@ class OnlineUpdater:
         guide_rank: The rank of the guide the updater creates (``None``: full).
         dynamics_noise: Weight variance added to the belief before each step.
         init_loc: The starting mean when ``guide`` is ``None``.
+        learn_prior_scale: Learn a multiplier of the starting belief's precision from the
+            stream (:class:`~pyro_bbb.online.empirical_bayes.PriorScaleEstimate`): for a
+            Gaussian likelihood and a start with a diagonal precision (the prior, or a
+            ``MeanFieldGuide``); ignored otherwise.
     """
 
     def __init__(
@@ -92,15 +127,21 @@ class OnlineUpdater:
         guide_rank: int | None,
         dynamics_noise: float,
         init_loc: Any,
+        learn_prior_scale: bool = False,
     ) -> None:
         if not isinstance(model, BNN):
             raise TypeError(f"model must be a pyro_bbb.BNN, got {type(model).__name__}")
         self.model = model
         self.observation = Observation(model.likelihood)
         self.dynamics_noise = check_nonnegative_number("dynamics_noise", dynamics_noise)
+        self.learn_prior_scale = bool(learn_prior_scale)
+        self._prior_scale: PriorScaleEstimate | None = None
+        self._anchor: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._prior_applied = 1.0
         self.state: Any = None
         self.num_seen = 0
         self.num_updates = 0
+        self.log_evidence = 0.0
         self._layout: WeightLayout | None = None
         self._network: Callable | None = None
         self._num_outputs: int | None = None
@@ -141,14 +182,34 @@ class OnlineUpdater:
         ``pull(thetas (S, d))`` returns the outputs at each weight vector, the rows
         :math:`L_n^\top J_n` ``(C, S, B, d)`` and the log-likelihood's gradient in the
         weights, summed over the rows and averaged over the ``S`` weight vectors, ``(d,)``.
+        The outputs and rows returned are the one-step-ahead ones, at the belief before the
+        minibatch (an iterated step pulls again at later iterates): the learned noise is
+        estimated from them.
         """
         raise NotImplementedError
 
-    def _output_variance(self, state: Any, rows: torch.Tensor) -> torch.Tensor:
+    def _output_covariance(self, state: Any, rows: torch.Tensor) -> torch.Tensor:
+        r""":math:`A\Sigma A^\top` for Jacobian rows :math:`A` ``(..., k, d)``; ``(..., k, k)``."""
         raise NotImplementedError
 
-    def _belief(self, state: Any) -> Belief:
+    def _belief(self, state: Any) -> Belief | CovarianceRoot:
         raise NotImplementedError
+
+    def _covariance_rows(self, state: Any, rows: torch.Tensor) -> torch.Tensor:
+        r"""``rows @ Σ`` for rows ``(k, d)``: :math:`(\Sigma a)^\top` of each row :math:`a`."""
+        raise NotImplementedError
+
+    def _shift_prior(self, state: Any, delta: torch.Tensor, anchor: torch.Tensor) -> Any:
+        r"""The belief with precision :math:`\Lambda + \mathrm{diag}(\delta)`, mean moved.
+
+        The mean takes the Newton step towards ``anchor`` that the added precision implies,
+        :math:`\mu + (\Lambda + \mathrm{diag}\,\delta)^{-1}\,\delta \odot (\mu_0 - \mu)`.
+        """
+        raise NotImplementedError
+
+    #: How far (in log units) the learned prior scale may drift before the belief follows it:
+    #: 0 follows every step; a filter whose shift costs :math:`O(d^3)` waits for larger moves.
+    prior_shift_tolerance = 0.0
 
     def _check_guide(self, guide: LowRankPrecisionGuide) -> None:
         pass
@@ -167,10 +228,13 @@ class OnlineUpdater:
 
         Raises:
             ValueError: On inputs the model cannot take (naming the argument), NaN or inf.
-            FloatingPointError: If the step makes the belief's mean NaN or inf (the belief
-                is left as it was).
+            FloatingPointError: If the step makes the belief NaN or inf, or the minibatch's
+                squared one-step-ahead errors overflow (targets of 1e30 in float32: a learned
+                noise and the log-evidence would be inf); the belief and the noise are left
+                as they were, and the message names which.
         """
         self._check_inputs(x, y)
+        self._check_evaluation_mode()
         if self._network is None:
             self._set_up(x)
         self.model.likelihood.check_target(y, self._num_outputs, values=True)
@@ -185,22 +249,31 @@ class OnlineUpdater:
             return outputs, pulled[:num_outputs], gradient
 
         old = self.state
-        diverged = FloatingPointError(
-            f"update {self.num_updates + 1} (points seen before it: {self.num_seen}) made the "
-            "belief NaN or inf; the belief is left as it was. A linearised step from a wide "
-            "prior can overshoot: give the weights a prior of the scale of the network's own "
-            "initialisation (e.g. priors.FanInGaussian), or start from a trained MeanFieldGuide"
-        )
+        where = f"update {self.num_updates + 1} (points seen before it: {self.num_seen})"
         with torch.no_grad():
             try:
                 state, outputs, rows = self._step(old, pull)
             except torch.linalg.LinAlgError as error:  # a factorisation of non-finite values
-                raise diverged from error
-            if not bool(torch.isfinite(state.mean).all()):
-                raise diverged
-            self.state = state
+                raise _diverged(where) from error
+            if not all(bool(torch.isfinite(part).all()) for part in state):
+                raise _diverged(where)
+            ahead = self._one_step_ahead(old, y, outputs, rows, scale)
+            if ahead.residual is not None:
+                _check_errors(ahead.residual, y, where)
+            variance = None
             if self._noise is not None:
-                self._estimate_noise(old, y, outputs, rows, scale)
+                variance = self._noise.proposal(ahead.residual.square(), ahead.epistemic)
+            alpha = None
+            if self._prior_scale is not None:
+                alpha = self._prior_proposal(old, ahead, scale)
+            self.state = state
+            if variance is not None:
+                self._noise.accept()
+                _set_scale(self.model.likelihood, variance.sqrt())
+            if alpha is not None:
+                self._prior_scale.accept()
+                self._follow_prior_scale(alpha)
+        self.log_evidence += float(ahead.log_likelihood)
         self.num_seen += x.shape[0]
         self.num_updates += 1
         self._stale = True
@@ -232,18 +305,32 @@ class OnlineUpdater:
     def _begin(self, layout: WeightLayout, start: Start) -> None:
         self._layout = layout
         self.state = self._init_state(start)
-        self.guide.set_belief(*self._belief(self.state))
+        self._stale = True  # the guide takes it at its next use
         self.guide.follow(self._export)
         if self.observation.learned_scale:
             self._noise = NoiseEstimate(self.observation.scale().square())
+        precision = _diagonal_precision(start)
+        if self.learn_prior_scale and self.observation.regression and precision is not None:
+            self._anchor = (start.mean.clone(), precision)
+            self._prior_scale = PriorScaleEstimate()
 
-    def _export(self) -> Belief | None:
+    def _export(self) -> Belief | CovarianceRoot | None:
         if not self._stale:
             return None
         self._stale = False
         return self._belief(self.state)
 
     # -- checks
+    def _check_evaluation_mode(self) -> None:
+        module = module_in_training_mode(self.model)
+        if module is not None:
+            raise ValueError(
+                f"{type(self).__name__} needs the network in evaluation mode, but module "
+                f"{module} is in training mode, which makes it random (dropout masks) or "
+                "batch-dependent (batch statistics), where the filter linearises one function "
+                "of the weights. Call model.eval() first, and keep it so for predictions"
+            )
+
     def _check_inputs(self, x: torch.Tensor, y: torch.Tensor) -> None:
         check_tensor("x", x)
         check_tensor("y", y)
@@ -259,14 +346,103 @@ class OnlineUpdater:
         if x.is_floating_point():
             check_finite_tensor("x", x)
 
-    # -- the learned noise
-    def _estimate_noise(self, old, y, outputs, rows, scale) -> None:
-        """Move σ² towards the minibatch's innovation variance less the belief's share of it."""
-        jacobian = rows * scale  # the Gaussian's curvature root is I/σ: rows = J/σ, (C, S, B, d)
-        residual = y.reshape(outputs.shape[-2:]) - outputs.mean(0)
-        epistemic = self._output_variance(old, jacobian.reshape(-1, jacobian.shape[-1]))
-        sigma = self._noise.update(residual.square().mean(), epistemic.mean()).sqrt()
-        _set_scale(self.model.likelihood, sigma)
+    # -- the one-step-ahead predictive
+    def _one_step_ahead(self, old, y, outputs, rows, scale) -> Ahead:
+        r"""The minibatch under the belief before it: errors, variances, log-density.
+
+        ``outputs`` ``(S, B, C)`` and ``rows`` ``(C, S, B, d)`` are the one-step-ahead ones.
+        For a Gaussian the outputs' covariance is the linearised :math:`J\Sigma J^\top` over
+        the minibatch's ``B·C`` outputs (averaged over the ``S`` weight vectors the step
+        pulled back at), and the log-density the joint
+        :math:`\log\mathcal N(y;\, \bar f,\, J\Sigma J^\top + \sigma^2 I)`; for a classifier
+        the rows hold the likelihood's curvature, not :math:`J`, and the log-density is the
+        plug-in one, at the mean outputs.
+        """
+        mean = outputs.mean(0)
+        if not self.observation.regression:
+            log_density = self.model.likelihood.log_prob(mean, y).sum()
+            return Ahead(None, torch.zeros_like(mean), log_density, None)
+        jacobian = rows * scale  # the Gaussian's curvature root is I/σ: rows = J/σ
+        by_draw = jacobian.permute(1, 2, 0, 3).flatten(1, 2)  # (S, B·C, d), row-major (b, c)
+        covariance = self._output_covariance(old, by_draw).mean(0)  # (B·C, B·C)
+        epistemic = covariance.diagonal().reshape(mean.shape)
+        residual = y.reshape(mean.shape) - mean
+        total = covariance.double().clone()  # epistemic is a view of covariance
+        total.diagonal().add_(float(scale.square()))
+        log_density = MultivariateNormal(
+            torch.zeros_like(total[0]), covariance_matrix=total, validate_args=False
+        ).log_prob(residual.reshape(-1).double())
+        return Ahead(residual, epistemic, log_density.to(mean.dtype), jacobian)
+
+    # -- the learned prior scale
+    def _prior_proposal(self, old, ahead: Ahead, scale) -> torch.Tensor | None:
+        r"""The prior's multiplier moved along the one-step-ahead score (a Gaussian's only)."""
+        if ahead.jacobian is None:
+            return None
+        anchor_mean, anchor_precision = self._anchor
+        rows = ahead.jacobian.reshape(-1, ahead.jacobian.shape[-1])
+        spread = self._covariance_rows(old, rows)  # u = ΣJᵀ, one row per output and point
+        variance_slope = -(spread.square() * anchor_precision).sum(-1)
+        mean_slope = spread @ (anchor_precision * (anchor_mean - old.mean))
+        shape = ahead.jacobian.shape[:-1]  # (C, S, B)
+        errors = ahead.residual.mT.unsqueeze(1).expand(shape).reshape(-1)
+        total = (ahead.epistemic + scale.square()).mT.unsqueeze(1).expand(shape).reshape(-1)
+        return self._prior_scale.proposal(errors, total, variance_slope, mean_slope)
+
+    def _follow_prior_scale(self, alpha: torch.Tensor) -> None:
+        """Move the belief's prior precision to ``alpha`` times the start's, exactly."""
+        change = float(alpha) / self._prior_applied
+        if abs(math.log(change)) <= self.prior_shift_tolerance:
+            return
+        anchor_mean, anchor_precision = self._anchor
+        delta = (float(alpha) - self._prior_applied) * anchor_precision
+        self.state = self._shift_prior(self.state, delta, anchor_mean)
+        self._prior_applied = float(alpha)
+
+    @property
+    def prior_scale(self) -> float | None:
+        r"""The learned multiplier :math:`\alpha` of the starting belief's precision.
+
+        The belief's prior is the starting one with its variances divided by
+        :math:`\alpha`; ``None`` when the prior's scale is not learned.
+        """
+        return None if self._prior_scale is None else self._prior_applied
+
+
+def _check_errors(residual: torch.Tensor, y: torch.Tensor, where: str) -> None:
+    """Refuse a minibatch whose squared one-step-ahead errors overflow the dtype."""
+    squares = residual.square()
+    if not bool(torch.isfinite(squares).all()):
+        raise FloatingPointError(
+            f"{where}: the squared one-step-ahead errors of this minibatch are "
+            f"{float(squares.max()):.3g} (targets up to {float(y.abs().max()):.3g}), beyond what "
+            f"{str(y.dtype).removeprefix('torch.')} holds; a learned noise variance and the "
+            "stream's log-evidence would be inf. The belief and the noise are left as they "
+            "were; standardise the targets, e.g. (y - mean) / std"
+        )
+
+
+def _diverged(where: str) -> FloatingPointError:
+    return FloatingPointError(
+        f"{where} made the belief NaN or inf; the belief is left as it was. A linearised step "
+        "from a wide prior can overshoot: give the weights a prior of the scale of the "
+        "network's own initialisation (e.g. priors.FanInGaussian), or start from a trained "
+        "MeanFieldGuide"
+    )
+
+
+def _diagonal_precision(start: Start) -> torch.Tensor | None:
+    """The starting belief's precision if it is diagonal (a prior, a mean-field guide)."""
+    if start.covariance_root is not None:
+        root = start.covariance_root
+        if bool((root - torch.diag(root.diagonal())).any()):
+            return None
+        return root.diagonal().square().reciprocal()
+    if start.covariance is not None:
+        return None
+    if start.precision_factor is not None and bool(start.precision_factor.any()):
+        return None
+    return start.precision_diag.clone()
 
 
 def _set_scale(likelihood, sigma: torch.Tensor) -> None:
@@ -284,10 +460,10 @@ def _start_of(guide: Any, layout: WeightLayout) -> Start:
                 "the LowRankPrecisionGuide's sites differ from the model's: "
                 f"{list(guide.block_sites['network'])} against {list(layout.sites)}"
             )
-        fn = guide.distribution()
-        return Start(
-            fn.loc.detach(), fn.precision_diag.detach(), fn.precision_factor.detach(), None
-        )
+        fn = guide.distribution()  # on the guide's buffers: copied, for the guide overwrites them
+        if isinstance(fn, CovarianceRootNormal):
+            return Start(fn.loc.clone(), None, None, None, fn.covariance_root.clone())
+        return Start(fn.loc.clone(), fn.precision_diag.clone(), fn.precision_factor.clone(), None)
     if isinstance(guide, MeanFieldGuide):
         marginals = guide.marginals()
         mean = layout.flatten({name: loc.detach() for name, (loc, _) in marginals.items()})

@@ -24,9 +24,10 @@ from pyro.distributions import constraints
 from pyro.distributions.util import broadcast_shape
 from torch.distributions.utils import lazy_property
 
-__all__ = ["LowRankPrecisionNormal"]
+__all__ = ["CovarianceRootNormal", "LowRankPrecisionNormal"]
 
 _LOG_2PI = math.log(2 * math.pi)
+_SHARED_ALGEBRA = ("_scaled_factor", "_gram", "_capacitance_tril", "_draw_coefficients")
 
 
 class LowRankPrecisionNormal(dist.TorchDistribution):
@@ -45,7 +46,9 @@ class LowRankPrecisionNormal(dist.TorchDistribution):
     so :math:`\mathrm{Cov}[x] = \Upsilon^{-1/2}(I + \hat W \hat W^\top)^{-1}\Upsilon^{-1/2}
     = \Lambda^{-1}` (Woodbury), in :math:`O(dr)` per draw. The log-density uses
     :math:`\log\det\Lambda = \sum_i \log\Upsilon_i + \log\det(I + \hat W^\top\hat W)` (the
-    matrix determinant lemma). The :math:`r \times r` algebra runs in float64.
+    matrix determinant lemma). The :math:`r \times r` algebra runs in float64, once per
+    distribution, on the parameters as given: an ``expand`` (a plate of ``S`` draws) shares
+    it and never copies :math:`W` per draw.
 
     Args:
         loc: :math:`\mu`, ``(*batch, d)``.
@@ -85,6 +88,8 @@ class LowRankPrecisionNormal(dist.TorchDistribution):
             loc.shape[:-1], precision_factor.shape[:-2], precision_diag.shape[:-1]
         )
         rank = precision_factor.shape[-1]
+        # the parameters as given: the algebra runs on these, never on a broadcast copy
+        self._factor, self._diag = precision_factor, precision_diag
         self.loc = loc.expand(*batch_shape, d)
         self.precision_factor = precision_factor.expand(*batch_shape, d, rank)
         self.precision_diag = precision_diag.expand(*batch_shape, d)
@@ -97,6 +102,10 @@ class LowRankPrecisionNormal(dist.TorchDistribution):
         new.loc = self.loc.expand(*batch_shape, d)
         new.precision_factor = self.precision_factor.expand(*batch_shape, d, rank)
         new.precision_diag = self.precision_diag.expand(*batch_shape, d)
+        new._factor, new._diag = self._factor, self._diag
+        for name in _SHARED_ALGEBRA:  # computed already: the expanded copy shares it
+            if name in self.__dict__:
+                new.__dict__[name] = self.__dict__[name]
         super(LowRankPrecisionNormal, new).__init__(batch_shape, self.event_shape, False)
         new._validate_args = self._validate_args
         return new
@@ -109,8 +118,8 @@ class LowRankPrecisionNormal(dist.TorchDistribution):
     # -- the r x r algebra, float64, computed once per distribution
     @lazy_property
     def _scaled_factor(self) -> torch.Tensor:
-        r""":math:`\hat W = \Upsilon^{-1/2} W`, ``(*batch, d, r)``."""
-        return self.precision_factor * self.precision_diag.rsqrt().unsqueeze(-1)
+        r""":math:`\hat W = \Upsilon^{-1/2} W`, ``(*batch, d, r)`` (the batch as given)."""
+        return self._factor * self._diag.rsqrt().unsqueeze(-1)
 
     @lazy_property
     def _gram(self) -> torch.Tensor:
@@ -150,7 +159,8 @@ class LowRankPrecisionNormal(dist.TorchDistribution):
             self._capacitance_tril, self._scaled_factor.double().mT, upper=False
         )  # L⁻¹ Ŵᵀ, (*batch, r, d)
         shrink = 1 - whitened.square().sum(-2)
-        return (shrink / self.precision_diag.double()).to(self.loc.dtype)
+        variance = (shrink / self._diag.double()).to(self.loc.dtype)
+        return variance.expand(self.loc.shape)
 
     @property
     def precision_matrix(self) -> torch.Tensor:
@@ -171,9 +181,9 @@ class LowRankPrecisionNormal(dist.TorchDistribution):
 
     def log_det_precision(self) -> torch.Tensor:
         r""":math:`\log\det\Lambda`, ``(*batch,)``."""
-        diag_part = self.precision_diag.log().sum(-1)
+        diag_part = self._diag.log().sum(-1)
         capacitance = 2 * self._capacitance_tril.diagonal(dim1=-2, dim2=-1).log().sum(-1)
-        return diag_part + capacitance.to(diag_part.dtype)
+        return (diag_part + capacitance.to(diag_part.dtype)).expand(self.batch_shape)
 
     # -- draws and densities
     def rsample(self, sample_shape: torch.Size = torch.Size()) -> torch.Tensor:  # noqa: B008
@@ -191,16 +201,16 @@ class LowRankPrecisionNormal(dist.TorchDistribution):
         scaled = self._scaled_factor
         projected = (noise.unsqueeze(-2) @ scaled).squeeze(-2)  # Ŵᵀε, (..., r)
         mixed = (projected.unsqueeze(-2) @ self._draw_coefficients).squeeze(-2)
-        correction = (scaled @ mixed.unsqueeze(-1)).squeeze(-1)
-        return self.loc + (noise - correction) * self.precision_diag.rsqrt()
+        correction = (mixed.unsqueeze(-2) @ scaled.mT).squeeze(-2)  # ŴQcQᵀŴᵀε, (..., d)
+        return self.loc + (noise - correction) * self._diag.rsqrt()
 
     def log_prob(self, value: torch.Tensor) -> torch.Tensor:
         r""":math:`\log \mathcal{N}(x \mid \mu, \Lambda^{-1})`, the broadcast batch dims."""
         if self._validate_args:
             self._validate_sample(value)
         delta = value - self.loc
-        projected = (delta.unsqueeze(-2) @ self.precision_factor).squeeze(-2)
-        mahalanobis = (self.precision_diag * delta.square()).sum(-1) + projected.square().sum(-1)
+        projected = (delta.unsqueeze(-2) @ self._factor).squeeze(-2)
+        mahalanobis = (self._diag * delta.square()).sum(-1) + projected.square().sum(-1)
         d = self.event_shape[0]
         return -0.5 * (d * _LOG_2PI - self.log_det_precision() + mahalanobis)
 
@@ -208,3 +218,108 @@ class LowRankPrecisionNormal(dist.TorchDistribution):
         """Differential entropy (nats), ``(*batch,)``."""
         d = self.event_shape[0]
         return 0.5 * (d * (1 + _LOG_2PI) - self.log_det_precision())
+
+
+class CovarianceRootNormal(LowRankPrecisionNormal):
+    r"""A full-rank Gaussian given by any square root :math:`S` of its covariance, :math:`SS^\top`.
+
+    The form a full-covariance filter (R-VGA) keeps its belief in. Draws are
+    :math:`\mu + S\varepsilon`, :math:`O(d^2)` each with no factorisation, and the marginal
+    variances are the rows' squared norms of :math:`S`. The precision form of the family,
+    :math:`\Lambda = (SS^\top)^{-1} = cI + WW^\top` (:math:`c` half the precision's smallest
+    eigenvalue, :math:`W` the Cholesky factor of the rest: exact), costs :math:`O(d^3)` and is
+    computed only when something asks for it (the density, ``precision_factor``,
+    ``precision_diag``), once per distribution and shared by its ``expand``-ed copies.
+
+    Args:
+        loc: :math:`\mu`, ``(d,)``.
+        covariance_root: :math:`S`, ``(d, d)``, invertible (not necessarily triangular).
+        validate_args: As for every torch distribution.
+    """
+
+    arg_constraints = {  # noqa: RUF012 (torch's class-level convention)
+        "loc": constraints.real_vector,
+        "covariance_root": constraints.independent(constraints.real, 2),
+    }
+
+    def __init__(
+        self,
+        loc: torch.Tensor,
+        covariance_root: torch.Tensor,
+        validate_args: bool | None = None,
+    ) -> None:
+        d = loc.shape[-1]
+        if loc.dim() != 1 or covariance_root.shape != (d, d):
+            raise ValueError(
+                f"loc must be (d,) and covariance_root (d, d); got {tuple(loc.shape)} and "
+                f"{tuple(covariance_root.shape)}"
+            )
+        self.loc = loc
+        self.covariance_root = covariance_root
+        dist.TorchDistribution.__init__(
+            self, torch.Size(), torch.Size((d,)), validate_args=validate_args
+        )
+
+    def expand(self, batch_shape, _instance=None):  # noqa: D102 (torch's API)
+        new = self._get_checked_instance(CovarianceRootNormal, _instance)
+        batch_shape = torch.Size(batch_shape)
+        new.loc = self.loc.expand(*batch_shape, self.event_shape[0])
+        new.covariance_root = self.covariance_root
+        for name, value in self.__dict__.items():  # the precision form, if computed already
+            if name in _SHARED_ALGEBRA or name in _ROOT_ALGEBRA:
+                new.__dict__[name] = value
+        dist.TorchDistribution.__init__(new, batch_shape, self.event_shape, False)
+        new._validate_args = self._validate_args
+        return new
+
+    @property
+    def rank(self) -> int:
+        """``d``: the precision form is full rank."""
+        return self.event_shape[0]
+
+    @lazy_property
+    def _precision_form(self) -> tuple[torch.Tensor, torch.Tensor]:
+        r"""``(W (d, d), diag (d,))`` with :math:`cI + WW^\top = (SS^\top)^{-1}`, float64 inside."""
+        root = self.covariance_root.double()
+        precision = torch.cholesky_inverse(torch.linalg.cholesky(root @ root.mT))
+        floor = 0.5 * torch.linalg.eigvalsh(precision)[0]
+        precision.diagonal().sub_(floor)
+        factor = torch.linalg.cholesky(precision).to(self.loc.dtype)
+        diag = floor.to(self.loc.dtype).expand(self.event_shape[0]).clone()
+        return factor, diag
+
+    @lazy_property
+    def _factor(self) -> torch.Tensor:
+        return self._precision_form[0]
+
+    @lazy_property
+    def _diag(self) -> torch.Tensor:
+        return self._precision_form[1]
+
+    @property
+    def precision_factor(self) -> torch.Tensor:
+        r""":math:`W`, ``(*batch, d, d)`` (computed on first use, :math:`O(d^3)`)."""
+        return self._factor.expand(*self.batch_shape, *self._factor.shape)
+
+    @property
+    def precision_diag(self) -> torch.Tensor:
+        r"""The diagonal of :math:`\Upsilon = cI`, ``(*batch, d)`` (computed on first use)."""
+        return self._diag.expand(*self.batch_shape, self.event_shape[0])
+
+    @property
+    def variance(self) -> torch.Tensor:
+        r"""Marginal variances, the rows' squared norms of :math:`S`, ``(*batch, d)``."""
+        return self.covariance_root.square().sum(-1).expand(self.loc.shape)
+
+    @property
+    def covariance_matrix(self) -> torch.Tensor:
+        r"""Dense :math:`SS^\top`, ``(*batch, d, d)``."""
+        covariance = self.covariance_root @ self.covariance_root.mT
+        return covariance.expand(*self.batch_shape, *covariance.shape)
+
+    def reparameterize(self, noise: torch.Tensor) -> torch.Tensor:
+        r""":math:`\mu + S\varepsilon` for standard normal noise ``(..., d)``, :math:`O(d^2)`."""
+        return self.loc + noise @ self.covariance_root.mT
+
+
+_ROOT_ALGEBRA = ("_precision_form", "_factor", "_diag")

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import pyro_bbb as bbb
-from pyro_bbb.online import LoFi, LowRankPrecisionGuide
+from pyro_bbb.online import RVGA, LoFi, LowRankPrecisionGuide
 from pyro_bbb.priors import FanInGaussian, from_guide
 from pyro_bbb.priors.precision_block import PrecisionSiteConditional
 
@@ -152,3 +152,26 @@ def test_compare_sets_the_belief_beside_another_posterior():
     rows = same.to_dict()
     assert rows["method"] == ["lofi", "lofi again"]
     assert rows["test_log_likelihood"][0] == rows["test_log_likelihood"][1]
+
+
+@pytest.mark.parametrize("make", [LoFi, RVGA], ids=["lofi", "rvga"])
+def test_save_carries_the_belief_of_the_last_update_unused_since(tmp_path, make):
+    # the updater hands its belief to the guide when the guide is next used; saving is a use
+    model = _small_model()
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(20, 2, generator=g)
+    updater = make(model)
+    updater.update(x[:10], torch.sin(x[:10, 0])).update(x[10:], torch.sin(x[10:, 0]))
+    bbb.save(tmp_path / "belief.pt", model, updater.guide)
+    fresh = _small_model()
+    loaded = LowRankPrecisionGuide(fresh, rank=updater.guide.rank)
+    bbb.load(tmp_path / "belief.pt", fresh, loaded)
+    fn = loaded.distribution()
+    torch.testing.assert_close(fn.loc, updater.state.mean)
+    if make is RVGA:  # saved in precision form, exactly
+        root = updater.state.covariance_root.double()
+        torch.testing.assert_close(
+            fn.precision_matrix.double(), torch.linalg.inv(root @ root.T), rtol=1e-4, atol=1e-3
+        )
+    else:
+        torch.testing.assert_close(fn.precision_factor, updater.state.precision_factor)

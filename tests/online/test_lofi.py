@@ -27,10 +27,17 @@ RTOL = 1e-6
 
 @pytest.mark.parametrize("rank", [4, 6])
 @pytest.mark.parametrize("batch", [1, 10])
-def test_rank_at_least_the_weights_gives_the_exact_posterior(rank, batch):
+@pytest.mark.parametrize(
+    "options",
+    [{}, {"num_iterations": 3}, {"num_samples": 4}],
+    ids=["lofi", "iterated", "monte-carlo"],
+)
+def test_rank_at_least_the_weights_gives_the_exact_posterior(rank, batch, options):
+    # on a linear model every Gauss-Newton iterate is exact, and mirrored draws average to
+    # the mean, so the iterated and the sampled (BONG) steps are exact too
     x, y, mean, covariance, _ = conjugate_problem(num_data=30)
     model = linear_bnn(x)
-    fn = stream(LoFi(model, rank=rank, init_loc=at_prior_mean(x)), x, y, batch)
+    fn = stream(LoFi(model, rank=rank, init_loc=at_prior_mean(x), **options), x, y, batch)
     assert relative_error(fn.loc, mean) < RTOL
     assert relative_error(fn.covariance_matrix, covariance) < RTOL
 
@@ -200,3 +207,31 @@ def test_the_noise_scale_is_written_to_the_likelihood():
     assert float(updater.noise_scale) == pytest.approx(learned, rel=1e-12)
     # measured on seeds 0-5: 0.46 to 0.57 for σ = 0.5
     assert learned == pytest.approx(NOISE, rel=0.2)
+
+
+def test_damped_iterations_approach_the_one_step_posterior():
+    # step size s: each iterate closes a fraction s of the gap to the exact one-step mean
+    x, y, *_ = conjugate_problem(num_data=10)
+    prior_mean = torch.zeros(4, dtype=torch.float64)
+    mean, _, _ = linear_posterior(x, y, prior_mean, torch.eye(4, dtype=torch.float64))
+    errors = []
+    for iterations in (1, 2, 4):
+        model = linear_bnn(x)
+        updater = LoFi(
+            model, rank=4, init_loc=at_prior_mean(x), num_iterations=iterations, step_size=0.5
+        )
+        updater.update(x, y)
+        errors.append(relative_error(updater.state.mean, mean))
+    assert errors[0] == pytest.approx(0.5 * relative_error(prior_mean, mean), rel=1e-6)
+    assert errors[2] < errors[1] < errors[0]
+
+
+def test_the_update_options_are_checked():
+    x, *_ = conjugate_problem()
+    model = linear_bnn(x)
+    with pytest.raises(ValueError, match="num_iterations"):
+        LoFi(model, num_iterations=0)
+    with pytest.raises(ValueError, match="even"):
+        LoFi(model, num_samples=3)
+    with pytest.raises(ValueError, match=r"step_size must be in \(0, 1\], got 1.5"):
+        LoFi(model, step_size=1.5)

@@ -1,4 +1,4 @@
-"""The likelihood's gradient and curvature root, against autograd; the noise estimate."""
+"""The likelihood's gradient and curvature root, against autograd."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import pyro_bbb as bbb
-from pyro_bbb.online.observation import NoiseEstimate, Observation
+from pyro_bbb.online.observation import Observation
 
 
 def _check_terms(likelihood, output, target):
@@ -41,21 +41,3 @@ def test_unsupported_likelihoods_are_refused():
         Observation(bbb.likelihoods.Gaussian(heteroscedastic=True))
     assert Observation(bbb.likelihoods.Gaussian()).learned_scale
     assert not Observation(bbb.likelihoods.Gaussian(0.1)).learned_scale
-
-
-def test_the_noise_estimate_takes_what_the_errors_hold_beyond_the_belief():
-    g = torch.Generator().manual_seed(0)
-    estimate = NoiseEstimate(torch.tensor(4.0))
-    for step in range(400):
-        predicted = torch.tensor(1.0 / (1 + step))  # a belief that sharpens as data arrive
-        errors = (0.25 + predicted).sqrt() * torch.randn(10, generator=g)
-        estimate.update(errors.square().mean(), predicted)
-    # σ² = 0.25; measured on seeds 0-9: 0.22 to 0.26 (the last steps weigh about 1/γ ≈ 36
-    # minibatches of 10 errors)
-    assert float(estimate.variance) == pytest.approx(0.25, rel=0.2)
-
-
-def test_the_noise_estimate_stays_positive_when_the_belief_overpredicts():
-    estimate = NoiseEstimate(torch.tensor(1.0))
-    value = estimate.update(torch.tensor(0.5), torch.tensor(3.0))
-    assert float(value) == pytest.approx(0.005)  # the floor: 1 % of the errors

@@ -105,3 +105,37 @@ def test_a_diverging_step_is_refused_and_leaves_the_belief_as_it_was():
     with pytest.raises(FloatingPointError, match=r"update 2 .*FanInGaussian"):
         updater.update(torch.ones(1, 1).double(), torch.tensor([1e300], dtype=torch.float64))
     assert updater.state is before and updater.num_updates == 1
+
+
+@pytest.mark.parametrize("make", [LoFi, RVGA], ids=["lofi", "rvga"])
+def test_a_learned_noise_that_would_overflow_is_refused_and_leaves_everything_as_it_was(make):
+    # targets of 1e30 are finite in float32 but their squares are not: the noise estimate
+    # would become inf, and the next ordinary minibatch would fail far from the cause
+    g = torch.Generator().manual_seed(0)
+    net = bbb.mlp([1, 8, 1], activation="tanh", prior=bbb.priors.FanInGaussian(2.0))
+    model = bbb.BNN(net, bbb.likelihoods.Gaussian(), num_data=30)
+    x = torch.randn(30, 1, generator=g)
+    y = torch.sin(x[:, 0])
+    updater = make(model)
+    updater.update(x[:10], y[:10])
+    before, scale = updater.state, updater.noise_scale.clone()
+    message = r"update 2 .*squared one-step-ahead errors.*inf.*1e\+30.*standardise"
+    with pytest.raises(FloatingPointError, match=message):
+        updater.update(x[10:20], torch.full((10,), 1e30))
+    assert updater.state is before and updater.num_updates == 1
+    torch.testing.assert_close(updater.noise_scale, scale)
+    updater.update(x[20:], y[20:])  # the stream goes on
+    assert bool(torch.isfinite(updater.noise_scale)) and updater.num_updates == 2
+
+
+@pytest.mark.parametrize("make", [LoFi, RVGA], ids=["lofi", "rvga"])
+def test_a_network_in_training_mode_is_refused_naming_the_module(make):
+    x, y, *_ = conjugate_problem(num_data=10)
+    net = bbb.mlp([3, 4, 1], activation="tanh", dropout=0.3).double()
+    model = bbb.BNN(net, bbb.likelihoods.Gaussian(0.5).double(), num_data=10)
+    updater = make(model)
+    with pytest.raises(ValueError, match=r"evaluation mode.*'net.2' \(Dropout\).*model.eval\(\)"):
+        updater.update(x, y)
+    model.eval()
+    updater.update(x, y)
+    assert updater.num_updates == 1

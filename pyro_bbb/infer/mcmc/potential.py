@@ -43,6 +43,7 @@ __all__ = [
     "latent_sites",
     "learned_noise",
     "module_class_name",
+    "module_in_training_mode",
     "positive_support",
 ]
 
@@ -171,24 +172,38 @@ def module_class_name(module: nn.Module) -> str:
     return cls.__name__
 
 
+def module_in_training_mode(model: nn.Module) -> str | None:
+    """The first dropout or normalisation module in training mode, as ``'name' (Class)``.
+
+    In training mode dropout draws new masks at every call and batch normalisation uses (and
+    updates) batch statistics, so the network is not a function of its weights alone.
+
+    Returns:
+        ``"'net.2' (Dropout)"``, or ``None`` when every such module is in evaluation mode.
+    """
+    for name, module in model.named_modules():
+        if module.training and isinstance(module, _TRAINING_MODE):
+            return f"{name!r} ({module_class_name(module)})"
+    return None
+
+
 def check_evaluation_mode(model) -> None:
     """Refuse a network whose dropout or normalisation layers are in training mode.
 
-    In training mode dropout draws new masks at every call and batch normalisation uses (and
-    updates) batch statistics, so the potential is not a function of the weights alone and
-    NUTS's detailed balance fails silently.
+    NUTS's detailed balance fails silently on a potential that is random or batch-dependent
+    (:func:`module_in_training_mode`).
 
     Raises:
         ValueError: Naming the first such module.
     """
-    for name, module in model.named_modules():
-        if module.training and isinstance(module, _TRAINING_MODE):
-            raise ValueError(
-                f"run_nuts needs the network in evaluation mode, but module {name!r} "
-                f"({module_class_name(module)}) is in training mode, which makes the potential "
-                "random (dropout masks) or batch-dependent (batch statistics). Call "
-                "model.eval() before run_nuts, and keep it so for predictions from the result"
-            )
+    module = module_in_training_mode(model)
+    if module is not None:
+        raise ValueError(
+            f"run_nuts needs the network in evaluation mode, but module {module} is in "
+            "training mode, which makes the potential random (dropout masks) or "
+            "batch-dependent (batch statistics). Call model.eval() before run_nuts, and keep "
+            "it so for predictions from the result"
+        )
 
 
 def flat_layout(
