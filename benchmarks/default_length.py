@@ -96,7 +96,7 @@ def _fit(model, guide, x, y, epochs, **options) -> dict:
 
 def run(problem: str, protocol: str, seed: int, args: argparse.Namespace) -> dict:
     """One fit of ``problem`` at ``protocol`` (``"auto"`` or a number of epochs)."""
-    epochs = None if protocol == "auto" else int(protocol)
+    epochs = None if protocol == "auto" or protocol.startswith("b") else int(protocol)
     pyro.clear_param_store()
     pyro.set_rng_seed(seed)
     row = {"problem": problem, "protocol": protocol, "seed": seed}
@@ -117,7 +117,6 @@ def run(problem: str, protocol: str, seed: int, args: argparse.Namespace) -> dic
             bbb.mlp([784, 400, 400, 10]), bbb.likelihoods.Categorical(), num_data=len(x)
         )
         guide = bbb.MeanFieldGuide(model)
-        epochs = None if full else epochs
         row |= _fit(model, guide, x, y, epochs, batch_size=batch, seed=seed)
         pred = bbb.predict(model, guide, xt, num_samples=100, seed=0)
         row["test_error"] = float((pred.predicted != yt).float().mean())
