@@ -213,6 +213,19 @@ class AutoEpochs:
             self.end = done  # the budget is spent, whatever stage the run was in
         self.finished = self.end is not None and done >= self.end
 
+    def restores_best(self, done: int) -> bool:
+        """Whether the parameters take the full-rate stage's best-scoring average now.
+
+        After ``done`` epochs, where the rule reads scores and the run's last stage begins
+        with the next epoch (:meth:`~pyro_bbb.training.scoring.IterateAverage.restore_best`):
+        the decay, or the end, starts from the stage's best rather than its last iterates.
+        """
+        return (
+            self.rule.reads_scores
+            and self.forced is None
+            and self.starts.get(self._last_stage()) == done
+        )
+
     def _stage_over(self, history: History, stage: str, start: int) -> bool:
         """Whether ``stage``, begun at ``start``, ends after the last epoch of ``history``."""
         done = len(history)
@@ -310,12 +323,27 @@ class AutoEpochs:
         if train is None or after is None:
             return f"stopped during the {self.stage(len(history) - 1)!r} stage"
         ended = self.rule.judge(history, "train", train, after, self.scored).found
+        best = self._best_epoch(history, train, after)
+        if best is not None:
+            ended += f"; the stage's best average (epoch {best:,}) kept"
         last = len(history) - after
         if not last:
             return f"ended when {ended}"
         rows = "on every row, the held-out ones given back" if self.gives_back else "on every row"
         rate = "the rate decayed" if self._decay is not None else "it trained on"
         return f"ended when {ended}; then {rate} over {last:,} epochs {rows}"
+
+    def _best_epoch(self, history: History, train: int, after: int) -> int | None:
+        """The epoch whose average scored best in the full-rate stage, where it is kept."""
+        if not self.rule.reads_scores:
+            return None
+        if self.scored:
+            scores = history.validation[train:after]
+        else:  # the beta = 1 ELBO of the average, as the stage kept it
+            nll, kl = history.averaged_nll[train:after], history.averaged_kl[train:after]
+            scores = [-(n + k) for n, k in zip(nll, kl, strict=True)]
+        read = [(v, e) for e, v in enumerate(scores, start=train) if not math.isnan(v)]
+        return max(read, key=lambda score_epoch: score_epoch[0])[1] if read else None
 
     def warning(self, history: History) -> str | None:
         """What to warn of at the end, or ``None``.

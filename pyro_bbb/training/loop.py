@@ -371,12 +371,16 @@ def fit(
             record = steps.epoch(batches if length.holds_out(epoch) else every_row, epoch, schedule)
             read = math.nan, math.nan, math.nan
             if length.averages(epoch):
-                read = scores.after_epoch(model, guide, length.stage(epoch), length.reads(epoch))
+                read = scores.after_epoch(
+                    model, guide, length.stage(epoch), length.reads(epoch), elbo.beta
+                )
             _append(
                 history, record, collapsed=monitor.fraction(), stage=length.stage(epoch),
                 scores=read,
             )  # fmt: skip
             length.after_epoch(history, optim)
+            if length.restores_best(len(history)):
+                scores.average.restore_best()  # the last stage starts from the stage's best
             bar.update(record, elbo.beta, length, read)
             stop = any(callback.on_epoch_end(epoch, history) for callback in callbacks)
             saving.after_epoch(state, parallel, final=stop or length.finished)

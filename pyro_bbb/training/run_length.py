@@ -66,6 +66,10 @@ class FixedEpochs:
         """``False``: a fixed run scores nothing."""
         return False
 
+    def restores_best(self, done: int) -> bool:
+        """``False``: a fixed run keeps its last iterate."""
+        return False
+
     def stopped(self, history: History) -> str:
         """Why the run ended: its epochs were done."""
         return f"ran the {self.epochs:,} epochs asked for"

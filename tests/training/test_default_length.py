@@ -16,6 +16,7 @@ from pyro_bbb.infer import LinearWarmup
 from pyro_bbb.training.auto_epochs import AutoEpochs, budget_epochs
 from pyro_bbb.training.convergence import ConvergenceWarning
 from pyro_bbb.training.lr_schedules import InverseTimeDecay
+from pyro_bbb.training.scoring import IterateAverage
 from pyro_bbb.training.stopping import StopsPaying
 
 from ..support import scaled
@@ -80,9 +81,10 @@ def test_a_default_fit_runs_its_stages_and_says_why_it_ended(default_run):
 def test_the_scores_leave_the_steps_as_a_fixed_run_of_the_same_schedules_takes_them(
     default_run,
 ):
-    # the scores draw from their own generator and put the parameters back: the automatic
-    # run's steps are those of a fixed run drawn with the schedules its stages chose
-    history, params = default_run
+    # the scores draw from their own generator and put the parameters back: until the
+    # decay, the automatic run's steps are those of a fixed run drawn with the schedules
+    # its stages chose (the decay then starts from the full-rate stage's best average)
+    history, _ = default_run
     _, warmup, train, decay = _starts(history).values()
     total = len(history)
     data, model, guide = _gap()
@@ -93,8 +95,52 @@ def test_the_scores_leave_the_steps_as_a_fixed_run_of_the_same_schedules_takes_t
             beta=LinearWarmup(train - warmup, delay=warmup),
             lr_schedule=InverseTimeDecay(total, start=decay / total, floor=0.01),
         )  # fmt: skip
-    assert fixed.loss == history.loss
-    assert all(torch.equal(value, params[name]) for name, value in _params().items())
+    assert fixed.loss[:decay] == history.loss[:decay]
+    assert fixed.loss[decay:] != history.loss[decay:]
+
+
+def test_the_decay_starts_from_the_full_rate_stages_best_average(monkeypatch):
+    # the full-rate stage keeps the average of its best score; the loop puts it in the
+    # parameters' place once, as the decay begins, and History.stopped names its epoch
+    kept, restored, seen = [], [], {}
+    keep, restore = IterateAverage.keep_if_best, IterateAverage.restore_best
+
+    def keep_if_best(self, score, beta):
+        kept.append((score, [v.clone() for v in self.values]))
+        keep(self, score, beta)
+
+    def restore_best(self):
+        restored.append([v.clone() for v in self.best])
+        return restore(self)
+
+    class Seen(bbb.Callback):
+        def on_fit_start(self, params, history):
+            seen["params"] = params
+
+        def on_epoch_end(self, epoch, history):
+            if history.stage[-1] == "train":
+                seen["last"] = [p.detach().clone() for p in seen["params"]]
+
+    monkeypatch.setattr(IterateAverage, "keep_if_best", keep_if_best)
+    monkeypatch.setattr(IterateAverage, "restore_best", restore_best)
+    *_, history = _fit(callbacks=[Seen()])
+    scores = [score for score, _ in kept if not math.isnan(score)]
+    best = scores.index(max(scores))
+    assert len(restored) == 1
+    assert _same(restored[0], kept_values(kept, best))  # the best-scoring average
+    assert _same(seen["last"], restored[0])  # what the decay started from
+    train, decay = history.stage.index("train"), history.stage.index("decay")
+    read = [e for e in range(train, decay) if not math.isnan(history.averaged_nll[e])]
+    assert f"the stage's best average (epoch {read[best]:,}) kept" in history.stopped
+
+
+def _same(a, b):
+    return len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+
+
+def kept_values(kept, best):
+    """The average kept with the ``best``-th read score."""
+    return [values for score, values in kept if not math.isnan(score)][best]
 
 
 class _StopAt(bbb.Callback):

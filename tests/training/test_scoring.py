@@ -56,6 +56,28 @@ def test_the_average_restarts_with_each_stage_and_swaps_back_exactly():
     assert torch.equal(param.detach(), before)  # put back, bit for bit, even on an error
 
 
+def test_the_best_scoring_average_is_kept_survives_a_checkpoint_and_is_put_in_place():
+    param = torch.nn.Parameter(torch.tensor([0.0]))
+    average = IterateAverage([param])
+    for step, score in zip([1.0, 2.0, 3.0], [-1.0, -0.5, float("nan")], strict=True):
+        with torch.no_grad():
+            param.fill_(step)
+        average.update("train")
+        average.keep_if_best(score, 1.0)  # the second is best; a score not read keeps nothing
+    best = average.best[0].clone()
+    assert torch.allclose(best, torch.tensor([1.0 + (2.0 - 1.0) * 5 / 6]))  # (eta+1)/(2+eta)
+    again = IterateAverage([param])
+    again.load_state_dict(average.state_dict())
+    average.keep_if_best(-0.7, 1.0)  # worse: kept is kept
+    assert average.restore_best() and torch.equal(param.detach(), best)
+    assert not average.restore_best()  # put in place once
+    assert torch.equal(again.best[0], best) and again.best_score == -0.5
+    again.keep_if_best(-2.0, 0.5)  # another beta: another objective, the best starts again
+    assert again.best_score == -2.0
+    again.update("decay")  # a new stage forgets the last one's best
+    assert again.best is None and not again.restore_best()
+
+
 def _linear(num_data=2000, dim=3):
     x, y, *_ = random_conjugate_problem(num_data, dim)
     model = linear_bnn(x)
