@@ -4,8 +4,8 @@ An automatic run (``fit(epochs=None)``) asks whether further steps still improve
 predictive, on rows the steps do not see (:mod:`~pyro_bbb.training.scoring` scores them).
 This module decides how many and which:
 
-* :func:`held_out_fraction`: 10 % of tensor data by default (scikit-learn's
-  ``validation_fraction``), as ``fit(validation=...)`` asks, none of a ``DataLoader``;
+* :func:`held_out_fraction`: the share ``fit(validation=...)`` asks for (none by default,
+  none of a ``DataLoader``);
 * :func:`held_out_rows`: none when that is under :data:`MIN_HELD_OUT` rows (too few to
   score);
 * :func:`hold_out`: which, by a seeded permutation (the same on every process and on
@@ -23,7 +23,6 @@ from .._validation import check_has_values
 
 __all__ = [
     "MIN_HELD_OUT",
-    "VALIDATION_FRACTION",
     "check_validation",
     "held_out_fraction",
     "held_out_rows",
@@ -32,9 +31,6 @@ __all__ = [
     "scorable",
 ]
 
-#: The share of the rows an automatic run holds out by default (scikit-learn's
-#: ``validation_fraction``).
-VALIDATION_FRACTION = 0.1
 #: The fewest rows worth holding out: fewer score too noisily to decide on.
 MIN_HELD_OUT = 10
 #: Added to the order's seed for the held-out rows, so that they are not the first rows of
@@ -114,17 +110,13 @@ def scorable(model: object) -> bool:
 
 
 def held_out_fraction(
-    model: object,
-    x: object,
-    epochs: int | None,
-    until: str,
-    validation: float | tuple | None,
+    model: object, x: object, epochs: int | None, validation: float | tuple | None
 ) -> float:
     """The share of rows an automatic run holds out: 0 where it scores none or reads a pair.
 
-    ``validation=None`` holds out :data:`VALIDATION_FRACTION` in a run of
-    ``until="predictive"`` on tensor data of a model whose predictive can be scored; a
-    number is taken as given; nothing is held out of a ``DataLoader``.
+    A number ``validation`` is taken as given for tensor data of a model whose predictive
+    can be scored; ``None`` (the default) holds nothing out, nor does a fixed run, a pair
+    ``(x_val, y_val)`` or a ``DataLoader``.
     """
     if epochs is not None or isinstance(validation, tuple) or not isinstance(x, torch.Tensor):
         return 0.0

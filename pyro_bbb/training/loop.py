@@ -299,7 +299,7 @@ def fit(
     check_validation(validation, epochs)
     handler = estimator(reparam)
     parallel = data_parallel()  # a world of one unless torch.distributed is initialised
-    fraction = held_out_fraction(model, x, epochs, until, validation)
+    fraction = held_out_fraction(model, x, epochs, validation)
     options = fit_options(
         x, batch_size=batch_size, shuffle=shuffle, num_particles=num_particles, reparam=reparam,
         epochs=epochs, until=until, validation=fraction,

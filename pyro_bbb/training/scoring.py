@@ -4,16 +4,18 @@ An automatic run (``fit(epochs=None)``, :mod:`~pyro_bbb.training.auto_epochs`) d
 a stage is done from two scores, taken every few epochs (:func:`score_every`) of the average
 of the stage's recent iterates (:class:`IterateAverage`), never of the last iterate alone:
 
-* **the β = 1 loss** (:class:`SampleLoss`, ``History.averaged_loss``): :math:`-\mathrm{ELBO}`
-  per data point, estimated on a fixed sample of the training rows with :data:`SCORE_SAMPLES`
-  weight draws; where it stops falling, fitting the likelihood no longer pays for the KL
-  it costs;
-* **the held-out log-likelihood** (:class:`HeldOutScore`, ``History.validation``): the mean
-  over the held-out rows (:mod:`~pyro_bbb.training.held_out`) of
-  :math:`\log \frac1S \sum_s p(y_i \mid x_i, w_s)`, :math:`w_s \sim q`, nats a row
-  (:func:`~pyro_bbb.metrics.log_likelihood`): what the predictive gains.
+* **the β = 1 ELBO's two parts** (:class:`SampleFit`, ``History.averaged_nll`` and
+  ``History.averaged_kl``): the expected negative log-likelihood and the KL per data point,
+  estimated on a fixed sample of the training rows by local reparameterisation; where their
+  sum stops falling, fitting the likelihood no longer pays for the KL it costs, and where
+  the expected log-likelihood stops rising, the full rate no longer pays;
+* **the held-out log-likelihood** (:class:`HeldOutScore`, ``History.validation``), where
+  ``fit(validation=...)`` gives rows to score: the mean over them of
+  :math:`\log \frac1S \sum_s p(y_i \mid x_i, w_s)`, :math:`w_s \sim q`, with
+  :data:`SCORE_SAMPLES` draws, nats a row (:func:`~pyro_bbb.metrics.log_likelihood`): what
+  the predictive gains.
 
-Each score takes the same ``S`` draws every time (common random numbers: two scores differ
+Each score takes the same draws every time (common random numbers: two scores differ
 by what training changed, not by Monte Carlo noise), from a generator of its own, so the
 fit's random stream is untouched and the network's buffers (BatchNorm's running statistics)
 are left as they were. At a constant rate the parameters wander about where the steps lead

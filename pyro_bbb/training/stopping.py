@@ -177,7 +177,7 @@ class Converges(StopRule):
         if length < 2 * MIN_WINDOW:
             return Verdict(False, f"epochs {start:,}-{end - 1:,} were too few to check")
         if stage == "fit":
-            return _loss_stopped_falling(history, start, end, bound=True)
+            return _loss_stopped_falling(history, start, end)
         check = check_epochs(history, end - length // 2, end - 1)
         return Verdict(check.converged, check.message)
 
@@ -225,22 +225,21 @@ def _fit_paid_off(history: History, start: int, end: int) -> Verdict:
     return Verdict(False, found)
 
 
-def _loss_stopped_falling(history: History, start: int, end: int, *, bound: bool) -> Verdict:
-    """Whether the β = 1 loss fell by less than 0.01 nats a data point over the stage's last half.
+def _loss_stopped_falling(history: History, start: int, end: int) -> Verdict:
+    """Whether the β = 1 loss is known to fall by less than 0.01 nats a data point.
 
-    ``bound=True`` asks it of the upper 95 % bound of the fall (the strict check's question:
-    is it known to have stopped); ``False`` of the least-squares estimate (has it, as far as
-    the record shows).
+    Asked of the upper 95 % bound of its fall over the stage's last half (the strict
+    check's question: is it known to have stopped).
     """
     half = history.plain_loss[start + (end - start) // 2 : end]
     tolerance = LOSS_TOLERANCE * history.num_data
     where = f"over epochs {end - len(half):,}-{end - 1:,}"
-    if len(half) < (MIN_WINDOW if bound else MIN_SCORES // 2):
+    if len(half) < MIN_WINDOW:
         return Verdict(False, f"the beta = 1 loss was read too few times {where} to judge")
-    fall = trend(half).fall_bound() if bound else -_change(half)
+    fall = trend(half).fall_bound()
     found = (
-        f"the beta = 1 loss (History.plain_loss) fell by {'at most ' if bound else ''}"
-        f"{fall:.3g} nats {where}, against {tolerance:.3g} (0.01 a data point)"
+        f"the beta = 1 loss (History.plain_loss) fell by at most {fall:.3g} nats {where}, "
+        f"against {tolerance:.3g} (0.01 a data point)"
     )
     return Verdict(fall < tolerance, found)
 

@@ -47,11 +47,11 @@ def test_the_default_holds_nothing_out_and_a_fraction_holds_out_tensor_rows_of_a
     x, y, *_ = random_conjugate_problem(60, 2)
     model = linear_bnn(x)
     loader = DataLoader(TensorDataset(x, y), batch_size=10)
-    assert held_out_fraction(model, x, None, "predictive", None) == 0.0
-    assert held_out_fraction(model, x, None, "predictive", 0.2) == 0.2
-    assert held_out_fraction(model, loader, None, "predictive", 0.2) == 0.0
-    assert held_out_fraction(model, x, None, "predictive", (x, y)) == 0.0  # scored as given
-    assert held_out_fraction(lambda x, y: None, x, None, "predictive", 0.2) == 0.0
+    assert held_out_fraction(model, x, None, None) == 0.0
+    assert held_out_fraction(model, x, None, 0.2) == 0.2
+    assert held_out_fraction(model, loader, None, 0.2) == 0.0
+    assert held_out_fraction(model, x, None, (x, y)) == 0.0  # scored as given
+    assert held_out_fraction(lambda x, y: None, x, None, 0.2) == 0.0
 
 
 @pytest.mark.parametrize(
