@@ -32,10 +32,9 @@ from typing import Any
 import pyro
 import torch
 
-from .. import metrics
 from .._validation import check_int
 from ..data import UCISplit, find_uci_folders, load_uci_folder, write_uci_folder
-from ..infer import RegressionPrediction, predict
+from ..infer import predict
 from ..likelihoods import Gaussian
 from ..model import BNN
 from ..nn import mlp
@@ -164,17 +163,8 @@ def one_pass_split(
     finally:
         store.clear()
         store.set_state(saved)
-    assert isinstance(prediction, RegressionPrediction)
-    prediction = prediction.unstandardize(split.y_scaler.mean, split.y_scaler.std)
-    return SplitResult(
-        dataset=dataset,
-        split=split.index,
-        method=method,
-        rmse=metrics.rmse(prediction.mean, split.y_test),
-        log_likelihood=prediction.log_likelihood(split.y_test),
-        noise_std=float(prediction.aleatoric_std.mean()),
-        seconds=seconds,
-        cpu_seconds=cpu,
+    return SplitResult.scored(
+        prediction, split, dataset=dataset, method=method, seconds=seconds, cpu_seconds=cpu
     )
 
 

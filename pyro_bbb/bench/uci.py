@@ -59,7 +59,6 @@ import pyro
 import torch
 from pyro.infer.autoguide import AutoDelta, init_to_value
 
-from .. import metrics
 from .._validation import check_choice, check_int
 from ..data import UCIFolder, UCISplit, find_uci_folders, load_uci_folder, uci_num_splits
 from ..infer import (
@@ -68,7 +67,6 @@ from ..infer import (
     LinearWarmup,
     LowRankGuide,
     MeanFieldGuide,
-    RegressionPrediction,
     predict,
 )
 from ..likelihoods import Gaussian
@@ -176,18 +174,10 @@ def fit_split(
             "bnn_ensemble": max(1, config.num_samples // config.members),
         }.get(method, config.num_samples)
         pred = predict(model, guide, split.x_test, num_samples=num_samples, seed=seed)
-    assert isinstance(pred, RegressionPrediction)
-    pred = pred.unstandardize(split.y_scaler.mean, split.y_scaler.std)
-    return SplitResult(
-        dataset=dataset,
-        split=split.index,
-        method=method,
-        rmse=metrics.rmse(pred.mean, split.y_test),
-        log_likelihood=pred.log_likelihood(split.y_test),
-        noise_std=float(pred.aleatoric_std.mean()),
-        seconds=time.perf_counter() - start,
-        cpu_seconds=time.process_time() - cpu_start,
-    )
+    return SplitResult.scored(
+        pred, split, dataset=dataset, method=method,
+        seconds=time.perf_counter() - start, cpu_seconds=time.process_time() - cpu_start,
+    )  # fmt: skip
 
 
 def _batch_size(batch_size: int | None, num_data: int) -> int | None:

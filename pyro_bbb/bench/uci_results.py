@@ -18,7 +18,10 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from .. import metrics
 from .._validation import check_choice
+from ..data import UCISplit
+from ..infer import RegressionPrediction
 from .uci_config import UCIConfig
 
 __all__ = [
@@ -96,6 +99,41 @@ class SplitResult:
     noise_std: float
     seconds: float
     cpu_seconds: float = math.nan
+
+    @classmethod
+    def scored(
+        cls,
+        prediction: RegressionPrediction,
+        split: UCISplit,
+        *,
+        dataset: str,
+        method: str,
+        seconds: float,
+        cpu_seconds: float,
+    ) -> SplitResult:
+        """The test scores of a prediction on the split's standardised test features.
+
+        Args:
+            prediction: The predictive at ``split.x_test``, in standardised target units.
+            split: The split (its target scaler and test targets).
+            dataset: Data set name.
+            method: The method's name.
+            seconds: Wall time of training and prediction.
+            cpu_seconds: CPU time of the same.
+        """
+        if not isinstance(prediction, RegressionPrediction):
+            raise TypeError(f"a UCI split is scored on a RegressionPrediction, got {prediction!r}")
+        prediction = prediction.unstandardize(split.y_scaler.mean, split.y_scaler.std)
+        return cls(
+            dataset=dataset,
+            split=split.index,
+            method=method,
+            rmse=metrics.rmse(prediction.mean, split.y_test),
+            log_likelihood=prediction.log_likelihood(split.y_test),
+            noise_std=float(prediction.aleatoric_std.mean()),
+            seconds=seconds,
+            cpu_seconds=cpu_seconds,
+        )
 
 
 def _mean_se(values: Sequence[float]) -> tuple[float, float]:
