@@ -52,7 +52,7 @@ from .convergence import (
 from .history import History
 from .lr_schedules import InverseTimeDecay
 from .optimizers import reset_moments
-from .stopping import MIN_FIT_SCORES, StopRule, StopsPaying
+from .stopping import MIN_FIT_SCORES, TOLERANCE, StopRule, StopsPaying
 
 __all__ = ["MAX_STEPS", "MIN_EPOCHS", "STAGES", "AutoEpochs", "budget_epochs"]
 
@@ -60,6 +60,8 @@ __all__ = ["MAX_STEPS", "MIN_EPOCHS", "STAGES", "AutoEpochs", "budget_epochs"]
 MAX_STEPS = 50_000
 #: ... or this many epochs, when more.
 MIN_EPOCHS = 100
+#: The most times the full-rate stage halves its rate (to 1/16 of it).
+MAX_HALVINGS = 4
 #: The warm-up's length as a share of the likelihood-only stage's.
 RAMP_SHARE = 0.5
 #: The share of the budget the ``"fit"`` stage may take, and where ``"train"`` must end.
@@ -118,6 +120,7 @@ class AutoEpochs:
         scored: bool = False,
         every: int = 1,
         gives_back: bool = False,
+        halves: bool = False,
     ) -> None:
         self.steps_per_epoch = check_int("steps_per_epoch", steps_per_epoch)
         self.max_epochs = check_int("max_epochs", max_epochs)
@@ -141,6 +144,10 @@ class AutoEpochs:
         self.finished = False
         self._warmup: LinearWarmup | None = None
         self._decay: InverseTimeDecay | None = None
+        #: Whether the full-rate stage halves its rate where it stops paying.
+        self.halves = halves and self.rule.reads_scores
+        #: The epochs at which the full-rate stage's rate halved, in order.
+        self.halvings: list[int] = []
 
     # ---------------------------------------------------------------- schedules
     @property
@@ -159,8 +166,32 @@ class AutoEpochs:
         return 0.0 if self._warmup is None else self._warmup(t)
 
     def rate(self, t: float) -> float:
-        """The learning-rate factor at epoch ``t``: 1, then the decay."""
-        return 1.0 if self._decay is None else self._decay(t)
+        """The learning-rate factor at epoch ``t``: 1, halved at each halving, then the decay."""
+        factor = 0.5 ** sum(1 for epoch in self.halvings if epoch <= t)
+        import os
+
+        if "train" not in self.starts or t < self.starts["train"]:
+            factor *= float(os.environ.get("PBBB_EARLY", "1"))
+        else:
+            factor *= float(os.environ.get("PBBB_TRAIN", "1"))
+        return factor if self._decay is None else factor * self._decay(t)
+
+    def phase(self, epoch: int) -> str:
+        """The stage of epoch ``epoch``, with the full-rate stage's halvings told apart.
+
+        The scores' iterate average restarts with each phase (a new rate is a new chain).
+        """
+        stage = self.stage(epoch)
+        if stage != "train":
+            return stage
+        return f"train/{2 ** sum(1 for start in self.halvings if start <= epoch)}"
+
+    def _phase_start(self, epoch: int) -> int:
+        """The first epoch of the phase (:meth:`phase`) epoch ``epoch`` is in."""
+        start = self.starts[self.stage(epoch)]
+        if self.stage(epoch) == "train":
+            start = max([start, *(h for h in self.halvings if h <= epoch)])
+        return start
 
     def holds_out(self, epoch: int) -> bool:
         """Whether epoch ``epoch`` trains without the held-out rows (all but the last stage)."""
@@ -177,7 +208,7 @@ class AutoEpochs:
         the full-rate stage the held-out rows (the same sample where none are held out),
         every :attr:`every` epochs (:mod:`~pyro_bbb.training.scoring`).
         """
-        if not self.averages(epoch) or (epoch + 1 - self.starts[self.stage(epoch)]) % self.every:
+        if not self.averages(epoch) or (epoch + 1 - self._phase_start(epoch)) % self.every:
             return frozenset()
         if self.stage(epoch) == "fit" or not self.scored:
             return frozenset({"fit"})
@@ -206,8 +237,13 @@ class AutoEpochs:
         stage = self.current
         start = self.starts[stage]
         after = {"fit": "warmup", "warmup": "train", "train": self._last_stage()}.get(stage)
+        if stage == "train":
+            start = self._phase_start(done - 1)
         if after is not None and self._stage_over(history, stage, start):
-            self._begin(after, history, optimizer)
+            if stage == "train" and self._halving_pays(history, start):
+                self.halvings.append(done)
+            else:
+                self._begin(after, history, optimizer)
         if done >= self.max_epochs and (self.end is None or self.end > done):
             self.forced = self.forced or self._unfinished()
             self.end = done  # the budget is spent, whatever stage the run was in
@@ -223,8 +259,42 @@ class AutoEpochs:
         return (
             self.rule.reads_scores
             and self.forced is None
-            and self.starts.get(self._last_stage()) == done
+            and (self.starts.get(self._last_stage()) == done or done in self.halvings)
         )
+
+    def _halving_pays(self, history: History, start: int) -> bool:
+        """Whether the full-rate stage, whose phase began at ``start``, halves its rate now.
+
+        Where it may (:attr:`halves`, fewer than :data:`MAX_HALVINGS` so far, the budget's
+        share for the stage not spent), it halves after its first phase, and after each
+        later one whose best reading of what the rule reads (the expected log-likelihood of
+        the training sample, or the held-out score) beat the best before it by
+        :data:`~pyro_bbb.training.stopping.TOLERANCE` or more: a halving that no longer
+        paid ends the stage. Welandawe et al. (2022) halve the rate each time the iterates
+        are stationary and stop where going on no longer pays; the KL, which creeps towards
+        the prior for thousands of steps at any rate, is not asked.
+        """
+        done = len(history)
+        if not self.halves or len(self.halvings) >= MAX_HALVINGS:
+            return False
+        if done >= _TRAIN_CAP * self.max_epochs:
+            return False
+        if not self.halvings:
+            return True
+        fit = self._fit_scores(history)
+        before, now = _best(fit[self.starts["train"] : start]), _best(fit[start:done])
+        return now >= before + TOLERANCE
+
+    def _fit_scores(self, history: History) -> list[float]:
+        """What the rule reads of the full-rate stage: the held-out or the training fit."""
+        return history.validation if self.scored else [-v for v in history.averaged_nll]
+
+    def _scores(self, history: History, start: int, end: int) -> list[float]:
+        """The full-rate stage's scores over epochs ``start`` to ``end - 1`` (what it keeps)."""
+        if self.scored:
+            return history.validation[start:end]
+        nll, kl = history.averaged_nll[start:end], history.averaged_kl[start:end]
+        return [-(n + k) for n, k in zip(nll, kl, strict=True)]
 
     def _stage_over(self, history: History, stage: str, start: int) -> bool:
         """Whether ``stage``, begun at ``start``, ends after the last epoch of ``history``."""
@@ -273,7 +343,8 @@ class AutoEpochs:
         if stage == "decay":
             length, floor = self.rule.decay_plan(history, self.starts["train"], start)
             self.end = min(start + length, max(self.max_epochs, start + 1))
-            if self.decay:
+            if self.decay:  # from the halved rate to the same floor of lr
+                floor = min(1.0, floor * 2 ** len(self.halvings))
                 self._decay = InverseTimeDecay(self.end, start=start / self.end, floor=floor)
 
     def _note_budget(self, history: History, stage: str, cap: float) -> None:
@@ -297,11 +368,13 @@ class AutoEpochs:
                 "the checkpoint was written by a fit with a fixed number of epochs; resume "
                 "it with epochs= the total to reach"
             )
-        self.starts = {}
+        self.starts, self.halvings = {}, []
         for epoch, stage in enumerate(history.stage):
             if stage not in self.starts:
                 self.starts[stage] = epoch
                 self._place(stage, _first(history, epoch))
+            elif self.halves and history.lr[epoch] < 0.75 * history.lr[epoch - 1]:
+                self.halvings.append(epoch)  # in "train", only a halving lowers the rate
         self.after_epoch(history, None)
 
     # ---------------------------------------------------------------- the end
@@ -322,8 +395,16 @@ class AutoEpochs:
             )
         if train is None or after is None:
             return f"stopped during the {self.stage(len(history) - 1)!r} stage"
-        ended = self.rule.judge(history, "train", train, after, self.scored).found
-        best = self._best_epoch(history, train, after)
+        ended = self.rule.judge(
+            history, "train", self._phase_start(after - 1), after, self.scored
+        ).found
+        if self.halvings:
+            at = ", ".join(f"{epoch:,}" for epoch in self.halvings)
+            ended += (
+                f" at 1/{2 ** len(self.halvings)} of the rate (halved after epochs {at}, "
+                "each from the best average before it)"
+            )
+        best = self._best_epoch(history, self._phase_start(after - 1), after)
         if best is not None:
             ended += f"; the stage's best average (epoch {best:,}) kept"
         last = len(history) - after
@@ -337,11 +418,9 @@ class AutoEpochs:
         """The epoch whose average scored best in the full-rate stage, where it is kept."""
         if not self.rule.reads_scores:
             return None
-        if self.scored:
-            scores = history.validation[train:after]
-        else:  # the beta = 1 ELBO of the average, as the stage kept it
-            nll, kl = history.averaged_nll[train:after], history.averaged_kl[train:after]
-            scores = [-(n + k) for n, k in zip(nll, kl, strict=True)]
+        while train < after - 1 and history.beta[train] != history.beta[after - 1]:
+            train += 1  # the average kept is the best since beta last changed
+        scores = self._scores(history, train, after)
         read = [(v, e) for e, v in enumerate(scores, start=train) if not math.isnan(v)]
         return max(read, key=lambda score_epoch: score_epoch[0])[1] if read else None
 
@@ -372,6 +451,11 @@ class AutoEpochs:
             return check_convergence(history)
         first = min(after - (after - train) // 2, after - MIN_WINDOW)
         return check_epochs(history, first, after - 1)
+
+
+def _best(scores: list[float]) -> float:
+    """The highest of ``scores`` read (``nan``: not read), ``-inf`` if none."""
+    return max((v for v in scores if not math.isnan(v)), default=-math.inf)
 
 
 def _first(history: History, epochs: int) -> History:

@@ -49,6 +49,7 @@ from .lr_schedules import LRSchedule, LRScheduleLike
 from .minibatches import Batches, check_likelihood_scale, make_batches
 from .optimizers import OptimizerSpec, make_optimizer
 from .particles import default_num_particles, draw_size
+from .rates import default_lr
 from .run_length import RunLength, check_automatic, run_length
 from .scoring import SAMPLE_ROWS, SampleFit, Scores, held_out_score, score_every
 from .steps import EpochRecord, Steps
@@ -64,7 +65,7 @@ def fit(
     *,
     epochs: int | None = None,
     batch_size: int | None = None,
-    lr: float = 1e-2,
+    lr: float | None = None,
     optimizer: OptimizerSpec | None = None,
     lr_schedule: LRScheduleLike | None = None,
     beta: ScheduleLike | None = None,
@@ -294,7 +295,8 @@ def fit(
     check_int("epochs", epochs, optional=True)
     check_int("batch_size", batch_size, optional=True)
     check_int("num_particles", num_particles, optional=True)
-    check_positive_number("lr", lr)
+    if lr is not None:
+        check_positive_number("lr", lr)
     until = check_automatic(epochs, max_steps, until)
     check_validation(validation, epochs)
     handler = estimator(reparam)
@@ -319,7 +321,7 @@ def fit(
     length, schedule, lr_schedule = run_length(
         epochs, max_steps, len(batches), beta, lr_schedule,
         until=until, scored=held_out is not None, every=score_every(len(batches)),
-        gives_back=rows is not None,
+        gives_back=rows is not None, halves=lr is None,
     )  # fmt: skip
 
     # the objective, the parameters it creates, the optimiser, where the fit starts from
@@ -332,7 +334,7 @@ def fit(
         elbo.set_num_particles(default_num_particles(draws, rows))  # its set-up is kept
     draws = _settle_draws(model, guide, elbo, reparam, first)
     fused = _fused(model, guide, elbo, reparam, first_terms, params)
-    optim = make_optimizer(optimizer, params, lr)
+    optim = make_optimizer(optimizer, params, default_lr(model) if lr is None else lr)
     rates = LRSchedule(lr_schedule, optim)
     parallel.broadcast_(params)  # every process starts from rank 0's parameters
     history = History(
@@ -372,8 +374,9 @@ def fit(
             read = math.nan, math.nan, math.nan
             if length.averages(epoch):
                 read = scores.after_epoch(
-                    model, guide, length.stage(epoch), length.reads(epoch), elbo.beta
-                )
+                    model, guide, length.stage(epoch), length.reads(epoch), elbo.beta,
+                    phase=length.phase(epoch),
+                )  # fmt: skip
             _append(
                 history, record, collapsed=monitor.fraction(), stage=length.stage(epoch),
                 scores=read,

@@ -128,6 +128,7 @@ def run_length(
     scored: bool = False,
     every: int = 1,
     gives_back: bool = False,
+    halves: bool = False,
 ) -> tuple[RunLength, Callable[[float], float], LRScheduleLike]:
     """The run's length, β's schedule and the learning-rate schedule of a fit.
 
@@ -144,6 +145,8 @@ def run_length(
         scored: Whether an automatic run scores held-out rows.
         every: Score after every ``every``-th epoch.
         gives_back: Whether rows are held out of the steps until the last stage.
+        halves: Whether an automatic run's full-rate stage halves its rate where it stops
+            paying (``fit``'s ``lr`` left to it).
 
     Returns:
         ``(length, beta schedule, lr schedule)``.
@@ -161,5 +164,6 @@ def run_length(
         scored=scored,
         every=every,
         gives_back=gives_back,
+        halves=halves and lr_schedule is None,
     )
     return length, length.beta, length.rate if lr_schedule is None else lr_schedule

@@ -299,6 +299,7 @@ class Scores:
         stage: str,
         reads: frozenset,
         beta: float = 1.0,
+        phase: str | None = None,
     ) -> tuple[float, float, float]:
         """Average the epoch's parameters in and read what ``reads`` names.
 
@@ -310,12 +311,14 @@ class Scores:
                 ``"validation"`` (the held-out rows); empty to only average.
             beta: The epoch's β; the full-rate stage keeps its best-scoring average among
                 the epochs since β last changed (:meth:`IterateAverage.keep_if_best`).
+            phase: The part of the stage the average restarts with (a halved rate's), or
+                ``None`` for the stage itself.
 
         Returns:
             ``(nll, kl, validation)`` per data point and per held-out row, ``nan`` where
             not read.
         """
-        self.average.update(stage)
+        self.average.update(stage if phase is None else phase)
         nll = kl = validation = math.nan
         if reads:
             with self.average.swapped():
