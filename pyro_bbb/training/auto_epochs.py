@@ -168,12 +168,6 @@ class AutoEpochs:
     def rate(self, t: float) -> float:
         """The learning-rate factor at epoch ``t``: 1, halved at each halving, then the decay."""
         factor = 0.5 ** sum(1 for epoch in self.halvings if epoch <= t)
-        import os
-
-        if "train" not in self.starts or t < self.starts["train"]:
-            factor *= float(os.environ.get("PBBB_EARLY", "1"))
-        else:
-            factor *= float(os.environ.get("PBBB_TRAIN", "1"))
         return factor if self._decay is None else factor * self._decay(t)
 
     def phase(self, epoch: int) -> str:
