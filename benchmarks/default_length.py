@@ -28,51 +28,22 @@ resumes); ``--table`` prints the tables. CPU seconds are the process's (one thre
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import statistics
 import time
 import warnings
 from pathlib import Path
 
-import numpy as np
 import pyro
 import torch
 from _common import append_row, read_rows
 
 import pyro_bbb as bbb
 from pyro_bbb.bench.uci import UCIConfig, fit_split
-from pyro_bbb.data import gap_regression, load_uci_folder
+from pyro_bbb.data import FASHION_MNIST, gap_regression, image_split, load_uci_folder
 from pyro_bbb.training.convergence import ConvergenceWarning
 
 FIXED = {"gap": (1000, 3000, 10000), "mnist": (40,), "mnist60k": (), "uci": (2000,)}
-
-
-def _idx(path: Path) -> np.ndarray:
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rb") as f:
-        data = f.read()
-    dims = data[3]
-    shape = [int.from_bytes(data[4 + 4 * i : 8 + 4 * i], "big") for i in range(dims)]
-    return np.frombuffer(data, np.uint8, offset=4 + 4 * dims).reshape(shape)
-
-
-def _mnist(folder: Path, num_train: int, seed: int):
-    def load(stem: str) -> np.ndarray:
-        return _idx(next(folder.glob(stem + "*")))
-
-    x, y = load("train-images").reshape(-1, 784), load("train-labels")
-    xt, yt = load("t10k-images").reshape(-1, 784), load("t10k-labels")
-    g = np.random.default_rng(seed)
-    i, j = g.permutation(len(x))[:num_train], g.permutation(len(xt))[:2000]
-
-    def images(a):
-        return torch.tensor(a, dtype=torch.float32) / 255
-
-    return (
-        images(x[i]), torch.tensor(y[i], dtype=torch.long),
-        images(xt[j]), torch.tensor(yt[j], dtype=torch.long),
-    )  # fmt: skip
 
 
 def _fit(model, guide, x, y, epochs, **options) -> dict:
@@ -111,7 +82,10 @@ def run(problem: str, protocol: str, seed: int, args: argparse.Namespace) -> dic
         row["test_ll"] = pred.log_likelihood(test.y)
     elif problem.startswith("mnist"):
         full = problem == "mnist60k"
-        x, y, xt, yt = _mnist(args.mnist, 60000 if full else 4000, seed)
+        # the same subsets as before the loader was public: train then test, one generator
+        x, y, xt, yt = image_split(
+            args.mnist, num_train=60000 if full else 4000, num_test=2000, seed=seed
+        )
         batch = int(protocol.split("b")[1]) if full else 128
         model = bbb.BNN(
             bbb.mlp([784, 400, 400, 10]), bbb.likelihoods.Categorical(), num_data=len(x)
@@ -174,7 +148,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, default=Path("default_length.jsonl"))
     parser.add_argument("--problems", nargs="+", default=["gap"])
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2, 3])
-    parser.add_argument("--mnist", type=Path, default=Path("/usr/share/datasets/fashion-mnist"))
+    parser.add_argument("--mnist", type=Path, default=FASHION_MNIST)
     parser.add_argument("--uci", type=Path, default=Path("../shared/data/uci"))
     parser.add_argument("--table", action="store_true", help="print the table and exit")
     args = parser.parse_args(argv)

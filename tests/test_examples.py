@@ -10,6 +10,10 @@ import os
 import subprocess
 import sys
 
+import pytest
+
+from pyro_bbb.data import FASHION_MNIST
+
 from .support import REPO
 
 
@@ -69,3 +73,33 @@ def test_the_online_example_shows_the_belief_as_the_stream_arrives(tmp_path):
     first, last = (float(line.split("test LL")[1].split()[0]) for line in (lines[0], lines[-1]))
     assert last > first  # the test log-likelihood rises as the stream arrives
     assert (tmp_path / "o.png").exists()
+
+
+@pytest.mark.skipif(
+    not FASHION_MNIST.is_dir(),
+    reason=f"Fashion-MNIST not found at {FASHION_MNIST} (apt-get install dataset-fashion-mnist)",
+)
+def test_the_fashion_mnist_example_scores_the_bnn_beside_its_deterministic_twin():
+    out = run_example(
+        "fashion_mnist.py", "--num-train", "2000", "--num-test", "1000", "--max-steps", "32",
+        "--twin-epochs", "1",
+    )  # fmt: skip
+    assert "Fashion-MNIST: 2000 training images, 1000 test images" in out
+    bnn = next(line for line in out.splitlines() if line.startswith("BNN: test error"))
+    assert "(2 epochs, 32 steps)" in bnn  # the budget: 2 epochs of 16 steps of 128 images
+    assert "NLL" in bnn and "ECE" in bnn and "CPU s" in bnn
+    error = float(bnn.split("test error ")[1].split("%")[0])
+    assert error < 70  # two epochs learn something: chance is 90 %
+    assert "deterministic: test error" in out and "(1 epochs at lr 1e-3)" in out
+
+
+def test_the_fashion_mnist_example_names_the_debian_package_when_the_folder_is_absent(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    missing = tmp_path / "fashion-mnist"
+    done = subprocess.run(
+        [sys.executable, str(REPO / "examples" / "fashion_mnist.py"), "--data", str(missing)],
+        capture_output=True, text=True, cwd=REPO, env=env, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 1
+    assert str(missing) in done.stderr and "apt-get install dataset-fashion-mnist" in done.stderr
+    assert "Traceback" not in done.stderr
