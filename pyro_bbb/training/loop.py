@@ -253,11 +253,13 @@ def fit(
             for a posterior compared with NUTS or carried forward as a prior
             (:mod:`~pyro_bbb.training.stopping`).
         validation: What an automatic run's full-rate stage reads: ``None`` (the default)
-            the fit to a fixed sample of the training rows; a fraction in (0, 1) of the
+            the fit to a fixed sample of the training rows; a fraction in (0, 0.5] of the
             rows (tensor data of a :class:`~pyro_bbb.BNN`) held out of the steps and scored
             by their log predictive density, then given back for the decay, so the
             returned guide has seen every row; or a pair ``(x_val, y_val)`` of your own,
-            scored the same way (nothing held out).
+            scored the same way (nothing held out; the only kind a ``DataLoader`` takes).
+            A fraction that holds out fewer than 10 rows holds none, with a warning. Only
+            the default rule reads it: with ``until="converged"`` it is refused.
 
     Returns:
         The :class:`History` of the fit.
@@ -277,8 +279,10 @@ def fit(
             whose size is not the model's ``num_data``), on a model that does not scale a
             minibatch's log-likelihood by ``N / B``, or on bad options (``max_steps``,
             ``until`` or ``validation`` with ``epochs``; an ``until`` that is neither
-            ``"predictive"`` nor ``"converged"``; a ``validation`` fraction outside
-            [0, 1)); a
+            ``"predictive"`` nor ``"converged"``; ``validation`` with
+            ``until="converged"``, a fraction outside [0, 0.5], a fraction of a
+            ``DataLoader``'s rows, or any ``validation`` for a model whose predictive cannot
+            be scored); a
             ``resume`` file that is not a checkpoint, is from another model, was written with
             another ``batch_size``, ``shuffle``, ``num_particles`` or ``reparam`` (the error
             names both values), by a fixed run resumed with ``epochs=None`` or the other way
@@ -296,7 +300,7 @@ def fit(
     check_int("num_particles", num_particles, optional=True)
     check_positive_number("lr", lr)
     until = check_automatic(epochs, max_steps, until)
-    check_validation(validation, epochs)
+    check_validation(validation, epochs, until)
     handler = estimator(reparam)
     parallel = data_parallel()  # a world of one unless torch.distributed is initialised
     fraction = held_out_fraction(model, x, epochs, validation)
