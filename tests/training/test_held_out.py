@@ -126,3 +126,10 @@ def test_a_fraction_that_holds_out_too_few_rows_to_score_warns_naming_it():
     with pytest.warns(UserWarning, match=r"validation=0.1 of 60 rows holds out 6, too few") as w:
         assert held_out_split(60, 0.1, 3) == (None, None, 3)
     assert len(w) == 1
+
+
+def test_history_held_out_is_documented_as_counting_a_validation_pair_s_rows_too():
+    # fit records a pair's rows in History.held_out (test_default_length's pair test); the
+    # attribute's docstring must say so, not "rows held out ... 0 when none"
+    section = bbb.History.__doc__.split("held_out:")[1].split("stopped:")[0]
+    assert "(x_val, y_val)" in section and "nothing held out then" in section
