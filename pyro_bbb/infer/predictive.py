@@ -290,7 +290,7 @@ def predict(
     ``predictive="linearised"`` gives the linearised (GLM) predictive of a Gaussian guide
     instead (Immer, Korzepa and Bauer 2021; :mod:`~pyro_bbb.infer.linearised`): the network
     linearised at the guide's mean :math:`\mu`, its outputs at the same draws
-    :math:`f(x;\mu) + J(x)(	heta_s - \mu)`, Gaussian with covariance :math:`J\Sigma J^	op`.
+    :math:`f(x;\mu) + J(x)(\theta_s - \mu)`, Gaussian with covariance :math:`J\Sigma J^\top`.
     It is the predictive a belief built from Gauss-Newton curvature is made for (the online
     filters', a Laplace approximation's): the network run at such draws under-fits and
     over-states its uncertainty. It costs about twice the sampled predictive (a forward-mode
