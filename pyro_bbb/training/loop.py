@@ -223,7 +223,8 @@ def fit(
             come from it. ``model`` and ``guide`` are built as for the interrupted fit; the
             guide need not be set up. ``batch_size``, ``shuffle``, ``num_particles`` and
             ``reparam`` must be the interrupted fit's, and ``epochs`` ``None`` again for an
-            automatic run.
+            automatic run, with its ``until`` and ``validation`` (a pair of the same rows:
+            the checkpoint records its fingerprint).
         cuda_graph: Run the fused step as one captured CUDA graph, replayed every step (the
             batch copied into static buffers, β and the learning rate device tensors
             written in place; the smaller last minibatch of an epoch runs eagerly).
@@ -286,8 +287,10 @@ def fit(
             ``resume`` file that is not a checkpoint, is from another model, was written with
             another ``batch_size``, ``shuffle``, ``num_particles`` or ``reparam`` (the error
             names both values), by a fixed run resumed with ``epochs=None`` or the other way
-            round, or has done more than ``epochs`` epochs; ``cuda_graph=True`` on a fit
-            whose step cannot be captured (the message says why).
+            round, with another ``until`` or ``validation`` pair (or with one where it had
+            none, or none where it had one), or has done more than ``epochs`` epochs;
+            ``cuda_graph=True`` on a fit whose step cannot be captured (the message says
+            why).
         FileNotFoundError: If ``resume`` names no file.
         TypeError: If ``cuda_graph`` is not a bool or ``None``.
         FloatingPointError: When the loss becomes NaN or inf, at the end of that epoch (the
@@ -307,6 +310,7 @@ def fit(
     options = fit_options(
         x, batch_size=batch_size, shuffle=shuffle, num_particles=num_particles, reparam=reparam,
         epochs=epochs, until=until, validation=fraction,
+        pair=validation if isinstance(validation, tuple) else None,
     )  # fmt: skip
     saving = Checkpointing(
         checkpoint, checkpoint_every, resume, epochs=epochs, world_size=parallel.world_size,
