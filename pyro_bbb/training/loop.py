@@ -35,6 +35,7 @@ from ..infer.collapse import FRACTION_THRESHOLD as COLLAPSE_FRACTION
 from ..infer.collapse import CollapseMonitor, diagnose_collapse, warn_if_collapsed
 from ..infer.elbo import AnnealedELBO, ELBOTerms
 from ..infer.fused import FusedELBO, fused_elbo
+from ..infer.guides._params import mark_fitted
 from ..infer.reparam import estimator, warn_slower_paths
 from ..infer.schedules import ScheduleLike
 from ..nn.draws import describe_draws, settle_draws
@@ -335,6 +336,7 @@ def fit(
     first = next(iter(batches()))
     check_likelihood_scale(model, first, batches.num_data)
     named, params, first_terms = _parameters(model, guide, elbo, handler, first)
+    mark_fitted(params)  # a guide built later that would take them says so
     if num_particles is None:  # known once the guide is set up: what it draws
         draws, rows = draw_size(guide, *first), len(first[0])
         elbo.set_num_particles(default_num_particles(draws, rows))  # its set-up is kept
