@@ -332,7 +332,8 @@ def predict(
     check_choice("predictive", predictive, PREDICTIVES)
     check_int("num_samples", num_samples)
     check_int("batch_size", batch_size, optional=True)
-    check_tensor("x", x)
+    dtype = getattr(model, "dtype", None)
+    check_tensor("x", x, dtype if isinstance(dtype, torch.dtype) else torch.float32)
     if torch.is_floating_point(x) and x.device.type != "meta":  # the model names a meta x
         check_finite_tensor("x", x)
     if seed is not None:

@@ -34,6 +34,7 @@ from pyro.infer.autoguide.utils import deep_setattr
 from pyro.nn import PyroModule, PyroParam
 
 from ..._pyro_compat import (
+    SetupError,
     join_name,
     module_local_params,
     param_store_value,
@@ -150,7 +151,7 @@ def set_param(root: PyroModule, path: str, value: torch.Tensor, *, site: str) ->
             _TAKING[-1].append(fullname)
         if stored is not None and stored.shape != value.shape:
             guide = name.rpartition(".")[0] or name
-            raise ValueError(
+            raise SetupError(
                 f"Pyro's param store already holds {fullname!r} with shape "
                 f"{tuple(store[fullname].shape)}, but site {site!r} of this model needs "
                 f"{tuple(value.shape)}: it was left by an earlier guide of the same name "
