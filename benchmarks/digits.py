@@ -71,9 +71,9 @@ def ood_sets(split: Split, seed: int) -> dict[str, torch.Tensor]:
 def train(method: str, split: Split, *, epochs: int | None, seed: int):
     """Fit one method; returns the model and guide (the param store holds the rest).
 
-    ``epochs=None`` is fit's automatic run: every method trained until its convergence check
-    passes, with fit's own β warm-up (a tempered method at β = 0.1 throughout: an automatic
-    run warms up to 1 only) and rate decay.
+    ``epochs=None`` is fit's automatic run: every method trained until more training stops
+    improving the predictive, with fit's own β warm-up (a tempered method at β = 0.1
+    throughout: an automatic run warms up to 1 only) and rate decay.
     """
     pyro.clear_param_store()
     pyro.set_rng_seed(seed)
@@ -187,7 +187,7 @@ def main() -> None:
         "--epochs",
         type=lambda text: None if text == "auto" else int(text),
         default=200,
-        help="epochs (200); auto: fit's epochs=None, trained until converged",
+        help="epochs (200); auto: fit's epochs=None, until more training stops paying",
     )
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS))

@@ -189,7 +189,7 @@ def run_candidate(name, problem, init_scale, seed):
         _fit(model, guide, problem, epochs, seed)
     elif name == "particles":  # the fixed-length default: its schedule, samples by network size
         _fit(model, guide, problem, epochs, seed, num_particles=None)
-    elif name == "auto":  # fit's defaults now: epochs=None, trained until converged
+    elif name == "auto":  # fit's defaults now: epochs=None, until more training stops paying
         history = _fit(model, guide, problem, None, seed, num_particles=None)
         guide.epochs_run = len(history)  # recorded with the scores
     elif name == "const_lr":  # the default beta with a constant learning rate

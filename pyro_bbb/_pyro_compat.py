@@ -10,6 +10,7 @@ of the package touches a private name of either library.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from contextlib import AbstractContextManager
 from typing import Any
@@ -23,6 +24,7 @@ from torch.nn.modules.conv import _ConvNd, _ConvTransposeNd
 
 __all__ = [
     "PyroNameSharing",
+    "SetupError",
     "autonormal_latent",
     "cached_value",
     "conv_kinds",
@@ -42,6 +44,23 @@ __all__ = [
     "unconstrained_parameter",
     "user_class",
 ]
+
+
+# ----------------------------------------------------------------------------- errors
+class SetupError(ValueError):
+    """A ``ValueError`` of this package's, raised while a model or guide runs under a trace.
+
+    Pyro's ``poutine.trace`` catches a ``ValueError`` and raises it again, of the same class,
+    with the trace's table of shapes ("Trace Shapes: ... Param Sites: ...") appended to its
+    message (``TraceHandler.__call__``): useful after an error of the user's model, noise
+    after a message of ours that already says what is wrong and what to do. This class
+    drops that table from any message it is built with, so the error reads as raised.
+    """
+
+    _TABLE = re.compile(r"\n\s*Trace Shapes:")
+
+    def __init__(self, message: object = "") -> None:
+        super().__init__(self._TABLE.split(str(message), maxsplit=1)[0])
 
 
 # ----------------------------------------------------------------------------- names

@@ -113,15 +113,47 @@ def check_choice(name: str, value: T, choices: Collection[T]) -> T:
     return value
 
 
-def check_tensor(name: str, value: object) -> torch.Tensor:
+def check_tensor(
+    name: str, value: object, dtype: torch.dtype | None = torch.float32
+) -> torch.Tensor:
     """A ``torch.Tensor``.
 
+    Args:
+        name: The argument's name.
+        value: What came.
+        dtype: What array-like data are to be converted to, for the message
+            (:func:`conversion_hint`; ``None`` for integer labels).
+
     Raises:
-        TypeError: ``"<name> must be a torch.Tensor, got list"``.
+        TypeError: ``"<name> must be a torch.Tensor, got list"``, with the conversion to
+            make for a NumPy array, a list or a tuple (:func:`conversion_hint`).
     """
     if not isinstance(value, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+        hint = conversion_hint(value, name, dtype)
+        raise TypeError(
+            f"{name} must be a torch.Tensor, got {type(value).__name__}"
+            + (f"; convert it with {hint}" if hint else "")
+        )
     return value
+
+
+def conversion_hint(value: object, name: str, dtype: torch.dtype | None = torch.float32) -> str:
+    """``torch.as_tensor(<name>, dtype=...)`` for array-like data, else ``""``.
+
+    For data a user would hand scikit-learn: a NumPy array (anything with ``__array__``), a
+    list or a tuple.
+
+    Args:
+        value: What came.
+        name: The argument's name.
+        dtype: The floating dtype to convert to (the model's); ``None`` for integer class
+            labels, which take ``torch.as_tensor(<name>).long()``.
+    """
+    if not (hasattr(value, "__array__") or isinstance(value, (list, tuple))):
+        return ""
+    if dtype is None:
+        return f"torch.as_tensor({name}).long()"
+    return f"torch.as_tensor({name}, dtype={dtype})"
 
 
 def check_has_values(name: str, value: torch.Tensor) -> torch.Tensor:

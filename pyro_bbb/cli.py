@@ -142,7 +142,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--epochs",
         type=_positive_int_or_auto,
         default=2000,
-        help="training epochs (2000); auto: train until fit's convergence check passes",
+        help=(
+            "training epochs (2000); auto: fit's default length, until more training stops "
+            "improving the predictive"
+        ),
     )
     uci.add_argument("--batch-size", type=_positive_int, default=None)
     uci.add_argument("--lr", type=float, default=None, help="Adam learning rate")

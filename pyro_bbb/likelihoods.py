@@ -70,7 +70,10 @@ class Likelihood(PyroModule):
 
 def _check_float_target(y: torch.Tensor, width: int, values: bool) -> None:
     if not torch.is_floating_point(y):
-        raise ValueError(f"y must be a floating-point tensor for regression, got dtype {y.dtype}")
+        raise ValueError(
+            f"y must be a floating-point tensor for regression (e.g. y.float()), got dtype "
+            f"{y.dtype}"
+        )
     expected = "(batch,)" if width == 1 else f"(batch, {width})"
     if (width == 1 and y.dim() != 1) or (width > 1 and (y.dim() != 2 or y.shape[1] != width)):
         hint = "; use y.squeeze(-1)" if width == 1 and y.dim() == 2 and y.shape[1] == 1 else ""
@@ -210,7 +213,8 @@ class Categorical(Likelihood):
         self, y: torch.Tensor, num_outputs: int, *, values: bool = True
     ) -> None:
         if y.dtype not in (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8):
-            raise ValueError(f"y must hold integer class labels, got dtype {y.dtype}")
+            hint = " (e.g. y.long())" if y.dtype.is_floating_point or y.dtype == torch.bool else ""
+            raise ValueError(f"y must hold integer class labels{hint}, got dtype {y.dtype}")
         if y.dim() != 1:
             raise ValueError(f"y must have shape (batch,), got {tuple(y.shape)}")
         if values and y.numel():

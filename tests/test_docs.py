@@ -110,3 +110,21 @@ def test_the_site_loads_no_script_from_the_network_and_ships_mathjax(site):
     mathjax = folder / "javascripts" / "mathjax"
     assert (mathjax / "tex-svg.js").stat().st_size > 1_000_000  # MathJax's bundle, not a stub
     assert (mathjax / "input" / "tex" / "extensions" / "cancel.js").exists()  # loaded on demand
+
+
+def test_the_readme_and_getting_started_give_the_same_test_command_timing():
+    # two pages once gave the same command 70 s / 5 min 12 s and 54 s / 2 min 8 s
+    readme = " ".join((REPO / "README.md").read_text().split())
+    started = " ".join((DOCS / "getting_started.md").read_text().split())
+    for figure in ("70 s to install", "5 min 12 s to run", "2026-11-27"):
+        assert figure in readme and figure in started, figure
+    assert "54 s" not in started and "2 min 8 s" not in started
+
+
+def test_concepts_gives_the_default_rate_schedule_the_code_has():
+    from pyro_bbb.training import InverseTimeDecay
+
+    start = InverseTimeDecay(100).start
+    concepts = " ".join((DOCS / "concepts.md").read_text().split())
+    assert f"keeps `lr` for the first {start * 100:.0f} %" in concepts
+    assert "keeps `lr` for the first half" not in concepts

@@ -303,7 +303,9 @@ def test_categorical_accepts_integer_labels_in_range():
 
 
 def test_categorical_rejects_float_labels():
-    with pytest.raises(ValueError, match=r"integer class labels, got dtype torch.float32"):
+    with pytest.raises(
+        ValueError, match=r"integer class labels \(e.g. y.long\(\)\), got dtype torch.float32"
+    ):
         likelihoods.Categorical().check_target(torch.tensor([0.0, 1.0]), num_outputs=3)
 
 

@@ -95,3 +95,20 @@ def test_no_module_imports_back_a_module_that_imports_it():
         if imported != module and graph.chain_exists(importer=imported, imported=module)
     )
     assert not circles, f"modules that import each other, directly or through others: {circles}"
+
+
+def test_no_docstring_holds_a_control_character_an_escape_made():
+    # "\theta" or "\top" in a docstring that is not raw, or a tab pasted in, renders as a tab
+    # (predict's linearised predictive once read "J(x)(<TAB>heta_s - mu)")
+    import ast
+    from pathlib import Path
+
+    found = []
+    for path in sorted(Path(pyro_bbb.__file__).parent.rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                doc = ast.get_docstring(node, clean=False) or ""
+                if any(c in doc for c in "\t\b\f\v\a\r"):
+                    found.append(f"{path.name}: {getattr(node, 'name', 'module')}")
+    assert not found

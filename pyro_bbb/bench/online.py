@@ -100,7 +100,8 @@ def streaming_vcl(
 
     Each minibatch is a task of :class:`~pyro_bbb.training.VCL` (mean-field guides, the plain
     ELBO): its ``fit`` sees only that minibatch, for 100 epochs unless ``epochs`` is given
-    (full-batch steps on it; ``epochs=None`` trains each minibatch until it has converged).
+    (full-batch steps on it; ``epochs=None`` trains each minibatch until more training stops
+    improving the predictive, with ``until="converged"`` until the convergence check passes).
     A fit of one minibatch is short by design, so its ``ConvergenceWarning`` is not shown.
 
     Args:

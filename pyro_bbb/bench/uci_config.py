@@ -27,8 +27,9 @@ class UCIConfig:
 
     Attributes:
         epochs: Passes over the training rows (the folders' ``n_epochs.txt`` says 40, too few
-            for mean-field VI; see ``docs/benchmarks.md``); ``None`` trains every method until
-            :func:`~pyro_bbb.fit`'s convergence check passes (``fit(epochs=None)``, which places
+            for mean-field VI; see ``docs/benchmarks.md``); ``None`` trains every method for
+            :func:`~pyro_bbb.fit`'s default length, until more training stops improving the
+            predictive (``fit(epochs=None)``, ``until="predictive"``, which places
             the BNN's β warm-up itself: ``hold`` and ``warmup`` are then not used).
         batch_size: Minibatch size; ``None`` (the default) trains on the full batch, one step
             per epoch.

@@ -244,7 +244,11 @@ class UCIResults:
         c = self.config
         guide = c.guide + (f" (rank {c.rank})" if c.guide == "lowrank" else "")
         if c.epochs is None:
-            length, warmup = "epochs until converged (fit's epochs=None)", "fit's own β warm-up"
+            length = (
+                "fit's default length (epochs=None: until more training stops improving the "
+                "predictive)"
+            )
+            warmup = "fit's own β warm-up"
         else:
             length = f"{c.epochs} epochs"
             warmup = (

@@ -290,7 +290,7 @@ def predict(
     ``predictive="linearised"`` gives the linearised (GLM) predictive of a Gaussian guide
     instead (Immer, Korzepa and Bauer 2021; :mod:`~pyro_bbb.infer.linearised`): the network
     linearised at the guide's mean :math:`\mu`, its outputs at the same draws
-    :math:`f(x;\mu) + J(x)(	heta_s - \mu)`, Gaussian with covariance :math:`J\Sigma J^	op`.
+    :math:`f(x;\mu) + J(x)(\theta_s - \mu)`, Gaussian with covariance :math:`J\Sigma J^\top`.
     It is the predictive a belief built from Gauss-Newton curvature is made for (the online
     filters', a Laplace approximation's): the network run at such draws under-fits and
     over-states its uncertainty. It costs about twice the sampled predictive (a forward-mode
@@ -332,7 +332,8 @@ def predict(
     check_choice("predictive", predictive, PREDICTIVES)
     check_int("num_samples", num_samples)
     check_int("batch_size", batch_size, optional=True)
-    check_tensor("x", x)
+    dtype = getattr(model, "dtype", None)
+    check_tensor("x", x, dtype if isinstance(dtype, torch.dtype) else torch.float32)
     if torch.is_floating_point(x) and x.device.type != "meta":  # the model names a meta x
         check_finite_tensor("x", x)
     if seed is not None:

@@ -12,8 +12,10 @@
   :mod:`~pyro_bbb.training.callbacks`: the :class:`Callback` hooks;
 * :mod:`~pyro_bbb.training.minibatches`: the minibatches, their order and the data checks;
 * :mod:`~pyro_bbb.training.run_length`: how long a fit runs, a fixed number of epochs or
-  (``epochs=None``) the stages of :mod:`~pyro_bbb.training.auto_epochs` until it has
-  converged; :mod:`~pyro_bbb.training.convergence`: the convergence check and
+  (``epochs=None``) the stages of :mod:`~pyro_bbb.training.auto_epochs` until more
+  training stops improving the predictive (``until="predictive"``, the default) or, with
+  ``until="converged"``, until the convergence check passes;
+  :mod:`~pyro_bbb.training.convergence`: the convergence check and
   :class:`ConvergenceWarning`;
 * :mod:`~pyro_bbb.training.history`: :class:`History`, the per-epoch record of a fit;
 * :mod:`~pyro_bbb.training.distributed`: data-parallel training on ``torch.distributed``;

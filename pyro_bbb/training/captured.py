@@ -49,7 +49,8 @@ checked against it).
 **What has never run on the hardware falls back rather than fails.** A capture that fails
 (a network whose forward reads a value back to the host, a library call a graph cannot
 hold) leaves the step's tensors and the generator as they were, and the fit goes on with
-the eager fused step, saying why in one warning; only ``fit(cuda_graph=True)`` raises. The
+the eager fused step (not this step uncaptured on its buffers: :attr:`StaticSteps.active`
+turns ``False``), saying why in one warning; only ``fit(cuda_graph=True)`` raises. The
 capture uses ``capture_error_mode="thread_local"``, so a host allocation on another thread
 (a ``DataLoader``'s pin-memory thread) does not invalidate it. Before each replay a guard
 compares the addresses of what the graph reads and writes (:meth:`StaticStep.bindings`:
@@ -298,8 +299,9 @@ class StaticSteps:
         step: The step.
         capture: How to capture it after the warm-up (:class:`CUDAGraphCapture` on CUDA), or
             ``None`` to run it on its buffers uncaptured.
-        strict: Raise when the capture fails (``fit(cuda_graph=True)``); otherwise take the
-            eager fused step from there on, with one warning that says why.
+        strict: Raise when the capture fails (``fit(cuda_graph=True)``); otherwise the fit
+            takes the eager fused step from there on (:attr:`active` turns ``False``), with
+            one warning that says why.
         warmup: Eager steps of the static shape before the capture.
     """
 
@@ -319,6 +321,17 @@ class StaticSteps:
         self._bound: list[list[object]] = []
         self._warm = 0
         self._recaptured = 0
+        self._gave_up = False
+
+    @property
+    def active(self) -> bool:
+        """Whether the fit still takes its steps here.
+
+        ``False`` once a capture failed or the captured tensors were replaced a second
+        time: the fit then takes the eager fused step
+        (:class:`~pyro_bbb.training.steps.Steps`), not this step on its static buffers.
+        """
+        return not self._gave_up
 
     @property
     def site_names(self) -> tuple[str, ...]:
@@ -373,6 +386,7 @@ class StaticSteps:
                     "value back to the host, or branches on one, cannot be captured)"
                 ) from error
             self._capture = None
+            self._gave_up = True
             _warn(
                 f"fit could not capture its step as a CUDA graph ({why}); it trains with the "
                 "eager fused step instead (the same step, uncaptured; a network whose forward "
@@ -401,6 +415,7 @@ class StaticSteps:
             _warn(f"{cause}: fit captures its step again{hint}")
         else:
             self._capture = None
+            self._gave_up = True
             _warn(f"{cause}: fit takes the eager fused step from here on{hint}")
 
 

@@ -15,9 +15,11 @@ have taken:
 * every random state: torch's (and CUDA's), Python's and NumPy's of each process, and the
   seed of the minibatch order (:func:`~pyro_bbb.training.minibatches.epoch_order`);
 * the options that decide which steps are taken (:func:`fit_options`: ``batch_size``,
-  ``shuffle``, ``num_particles``, ``reparam``). A resume with another value of one of them
-  is refused, naming both values: it would train on silently, but could no longer give the
-  uninterrupted fit's result.
+  ``shuffle``, ``num_particles``, ``reparam``; of an automatic run also its rule, the share
+  of rows it holds out and a fingerprint of a ``validation=(x_val, y_val)`` pair, whose
+  scores end its stages). A resume with another value of one of them is refused, naming
+  both values: it would train on silently, but could no longer give the uninterrupted
+  fit's result.
 
 The file is written atomically by rank 0 (:func:`~pyro_bbb.io.files.write_atomic`);
 every process reads it to resume. Nothing here trains.
@@ -25,6 +27,7 @@ every process reads it to resume. Nothing here trains.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 import random
@@ -42,7 +45,14 @@ from .distributed import DataParallel
 from .history import History
 from .lr_schedules import LRSchedule
 
-__all__ = ["Checkpointing", "FitState", "fit_options", "get_rng_state", "set_rng_state"]
+__all__ = [
+    "Checkpointing",
+    "FitState",
+    "fit_options",
+    "get_rng_state",
+    "pair_fingerprint",
+    "set_rng_state",
+]
 
 
 def fit_options(
@@ -55,15 +65,28 @@ def fit_options(
     epochs: int | None,
     until: str = "predictive",
     validation: float = 0.0,
+    pair: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> dict[str, Any]:
     """The options of :func:`~pyro_bbb.fit` that a resume must repeat to be bit-identical.
 
     Each changes the steps taken: the minibatches (``batch_size``, ``shuffle``), the Monte
     Carlo draws (``num_particles``), the gradient estimator (``reparam``) or who decides the
     run's length (``automatic``, the rule of a run of ``epochs=None``, whose stages a fixed
-    run cannot follow, and ``validation``, the share of rows it holds out). For a
-    ``DataLoader`` the batch size is the loader's, and its order is its own (``shuffle`` is
-    ``None``).
+    run cannot follow, ``validation``, the share of rows it holds out, and
+    ``validation_pair``, the :func:`pair_fingerprint` of a ``validation=(x_val, y_val)``
+    pair, whose scores end its stages). For a ``DataLoader`` the batch size is the
+    loader's, and its order is its own (``shuffle`` is ``None``).
+
+    Args:
+        x: ``fit``'s features or ``DataLoader``.
+        batch_size: ``fit``'s ``batch_size``.
+        shuffle: ``fit``'s ``shuffle``.
+        num_particles: ``fit``'s ``num_particles``, as requested.
+        reparam: ``fit``'s ``reparam``.
+        epochs: ``fit``'s ``epochs``.
+        until: An automatic run's rule.
+        validation: The share of rows an automatic run holds out.
+        pair: ``fit``'s ``validation`` when it is a pair ``(x_val, y_val)``, else ``None``.
 
     Returns:
         ``{option: value}``, stored in every checkpoint and compared on resuming.
@@ -79,7 +102,22 @@ def fit_options(
     if epochs is None:  # a fixed run's checkpoint is as it was before automatic runs
         options["automatic"] = until
         options["validation"] = validation
+        options["validation_pair"] = None if pair is None else pair_fingerprint(pair)
     return options
+
+
+def pair_fingerprint(pair: tuple[torch.Tensor, torch.Tensor]) -> str:
+    """What identifies a ``validation=(x_val, y_val)`` pair: its rows, shapes and contents.
+
+    The SHA-256 of both tensors' bytes (on the CPU, contiguous), with their shapes and
+    dtypes: the same data give the same fingerprint on any device and process.
+    """
+    digest = hashlib.sha256()
+    for tensor in pair:
+        flat = tensor.detach().to("cpu").contiguous().reshape(-1)
+        digest.update(f"{tuple(tensor.shape)} {tensor.dtype};".encode())
+        digest.update(flat.view(torch.uint8).numpy().tobytes())
+    return f"{pair[0].shape[0]} rows, sha256 {digest.hexdigest()[:16]}"
 
 
 @dataclass
@@ -184,6 +222,9 @@ class Checkpointing:
             if name == "automatic":
                 self._check_automatic("converged" if value is True else value)  # True: strict
                 continue
+            if name == "validation_pair":
+                self._check_pair(value)
+                continue
             if name in self.options and self.options[name] != value:
                 raise ValueError(
                     f"{self._where} was written by a fit with {name}={value!r}; this one has "
@@ -209,6 +250,26 @@ class Checkpointing:
                 f"{self._where} was written by an automatic run with until={written!r}; this "
                 f"one has until={mine!r}. Resume it with until={written!r}"
             )
+
+    def _check_pair(self, written: str | None) -> None:
+        """Refuse a resume whose ``validation`` pair is not the one the checkpoint recorded."""
+        mine = self.options.get("validation_pair")
+        if mine == written:
+            return
+        recorded = (
+            "no validation pair" if written is None else f"validation=(x_val, y_val) of {written}"
+        )
+        given = "none" if mine is None else f"validation=(x_val, y_val) of {mine}"
+        advice = (
+            "Resume without validation= (or with the fraction it was written with)"
+            if written is None
+            else "Resume with the same validation=(x_val, y_val)"
+        )
+        raise ValueError(
+            f"{self._where} was written by an automatic run with {recorded}; this one has "
+            f"{given}. {advice}: scored on other rows, the resumed run's stages would end "
+            "where the uninterrupted run's would not"
+        )
 
     def order_seed(self, seed: int | None) -> int | None:
         """The seed of the minibatch order: the checkpoint's when resuming, else ``seed``."""

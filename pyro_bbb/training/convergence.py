@@ -294,7 +294,8 @@ def check_epochs(history: History, first: int, last: int, *, advice: str = "") -
 
 _ADVICE = (
     "train longer: more epochs (fit's default beta warm-up and rate decay are drawn over "
-    "them), or epochs=None, which trains until this check passes"
+    'them), or epochs=None with until="converged", which trains until this check passes '
+    "(epochs=None alone stops once more training stops improving the predictive)"
 )
 
 

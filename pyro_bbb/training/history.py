@@ -48,8 +48,9 @@ class History:
         num_data: Number of training points ``N``.
         num_particles: Weight samples per step (what ``fit``'s ``num_particles=None``
             resolved to, or the number passed).
-        held_out: Rows an automatic run held out to score (``validation``), given back
-            for its last stage; 0 when none.
+        held_out: Rows an automatic run scores (``validation``): those of a fraction held
+            out of the steps and given back for its last stage, or those of a pair
+            ``(x_val, y_val)`` (nothing held out then); 0 when it scores none.
         stopped: Why the run ended, in a sentence or two (``""`` until it has).
         draws: How several weight draws reach the network: broadcast through its layers,
             or around it once per draw, vectorised by ``torch.func.vmap`` or one after

@@ -35,6 +35,7 @@ from ..infer.collapse import FRACTION_THRESHOLD as COLLAPSE_FRACTION
 from ..infer.collapse import CollapseMonitor, diagnose_collapse, warn_if_collapsed
 from ..infer.elbo import AnnealedELBO, ELBOTerms
 from ..infer.fused import FusedELBO, fused_elbo
+from ..infer.guides._params import mark_fitted
 from ..infer.reparam import estimator, warn_slower_paths
 from ..infer.schedules import ScheduleLike
 from ..nn.draws import describe_draws, settle_draws
@@ -224,7 +225,8 @@ def fit(
             come from it. ``model`` and ``guide`` are built as for the interrupted fit; the
             guide need not be set up. ``batch_size``, ``shuffle``, ``num_particles`` and
             ``reparam`` must be the interrupted fit's, and ``epochs`` ``None`` again for an
-            automatic run.
+            automatic run, with its ``until`` and ``validation`` (a pair of the same rows:
+            the checkpoint records its fingerprint).
         cuda_graph: Run the fused step as one captured CUDA graph, replayed every step (the
             batch copied into static buffers, β and the learning rate device tensors
             written in place; the smaller last minibatch of an epoch runs eagerly).
@@ -254,11 +256,13 @@ def fit(
             for a posterior compared with NUTS or carried forward as a prior
             (:mod:`~pyro_bbb.training.stopping`).
         validation: What an automatic run's full-rate stage reads: ``None`` (the default)
-            the fit to a fixed sample of the training rows; a fraction in (0, 1) of the
+            the fit to a fixed sample of the training rows; a fraction in (0, 0.5] of the
             rows (tensor data of a :class:`~pyro_bbb.BNN`) held out of the steps and scored
             by their log predictive density, then given back for the decay, so the
             returned guide has seen every row; or a pair ``(x_val, y_val)`` of your own,
-            scored the same way (nothing held out).
+            scored the same way (nothing held out; the only kind a ``DataLoader`` takes).
+            A fraction that holds out fewer than 10 rows holds none, with a warning. Only
+            the default rule reads it: with ``until="converged"`` it is refused.
 
     Returns:
         The :class:`History` of the fit.
@@ -278,13 +282,17 @@ def fit(
             whose size is not the model's ``num_data``), on a model that does not scale a
             minibatch's log-likelihood by ``N / B``, or on bad options (``max_steps``,
             ``until`` or ``validation`` with ``epochs``; an ``until`` that is neither
-            ``"predictive"`` nor ``"converged"``; a ``validation`` fraction outside
-            [0, 1)); a
+            ``"predictive"`` nor ``"converged"``; ``validation`` with
+            ``until="converged"``, a fraction outside [0, 0.5], a fraction of a
+            ``DataLoader``'s rows, or any ``validation`` for a model whose predictive cannot
+            be scored); a
             ``resume`` file that is not a checkpoint, is from another model, was written with
             another ``batch_size``, ``shuffle``, ``num_particles`` or ``reparam`` (the error
             names both values), by a fixed run resumed with ``epochs=None`` or the other way
-            round, or has done more than ``epochs`` epochs; ``cuda_graph=True`` on a fit
-            whose step cannot be captured (the message says why).
+            round, with another ``until`` or ``validation`` pair (or with one where it had
+            none, or none where it had one), or has done more than ``epochs`` epochs;
+            ``cuda_graph=True`` on a fit whose step cannot be captured (the message says
+            why).
         FileNotFoundError: If ``resume`` names no file.
         TypeError: If ``cuda_graph`` is not a bool or ``None``.
         FloatingPointError: When the loss becomes NaN or inf, at the end of that epoch (the
@@ -298,13 +306,14 @@ def fit(
     if lr is not None:
         check_positive_number("lr", lr)
     until = check_automatic(epochs, max_steps, until)
-    check_validation(validation, epochs)
+    check_validation(validation, epochs, until)
     handler = estimator(reparam)
     parallel = data_parallel()  # a world of one unless torch.distributed is initialised
     fraction = held_out_fraction(model, x, epochs, validation)
     options = fit_options(
         x, batch_size=batch_size, shuffle=shuffle, num_particles=num_particles, reparam=reparam,
         epochs=epochs, until=until, validation=fraction,
+        pair=validation if isinstance(validation, tuple) else None,
     )  # fmt: skip
     saving = Checkpointing(
         checkpoint, checkpoint_every, resume, epochs=epochs, world_size=parallel.world_size,
@@ -329,6 +338,7 @@ def fit(
     first = next(iter(batches()))
     check_likelihood_scale(model, first, batches.num_data)
     named, params, first_terms = _parameters(model, guide, elbo, handler, first)
+    mark_fitted(params)  # a guide built later that would take them says so
     if num_particles is None:  # known once the guide is set up: what it draws
         draws, rows = draw_size(guide, *first), len(first[0])
         elbo.set_num_particles(default_num_particles(draws, rows))  # its set-up is kept

@@ -28,6 +28,7 @@ from .._validation import (
     check_finite_tensor,
     check_has_values,
     check_same_rows,
+    conversion_hint,
 )
 from ..nn.draws import kept_buffers
 
@@ -178,9 +179,18 @@ def make_batches(
         return Batches(loader_batches, len(x), num_data or size or 1, None)
 
     if not isinstance(x, torch.Tensor) or not isinstance(y, torch.Tensor):
+        dtype = getattr(model, "dtype", None)
+        dtype = dtype if isinstance(dtype, torch.dtype) else torch.float32
+        labels = getattr(getattr(model, "likelihood", None), "task", "") == "classification"
+        fixes = [
+            conversion_hint(value, name, None if name == "y" and labels else dtype)
+            for name, value in (("x", x), ("y", y))
+            if not isinstance(value, torch.Tensor)
+        ]
+        fix = " and ".join(f for f in fixes if f)
         raise TypeError(
             "x and y must be tensors (or x a DataLoader and y None), got "
-            f"{type(x).__name__} and {type(y).__name__}"
+            f"{type(x).__name__} and {type(y).__name__}" + (f"; convert with {fix}" if fix else "")
         )
     check_has_values("x", x)
     check_has_values("y", y)

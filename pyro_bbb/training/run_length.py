@@ -1,4 +1,4 @@
-"""How long :func:`~pyro_bbb.fit` runs: a fixed number of epochs, or until it has converged.
+"""How long :func:`~pyro_bbb.fit` runs: a fixed number of epochs, or until it is done.
 
 ``fit(epochs=E)`` runs ``E`` epochs (:class:`FixedEpochs`) with β's warm-up and the learning
 rate's decay drawn over them, as ``fit`` always has; ``fit(epochs=None)`` runs the stages of
@@ -84,7 +84,7 @@ class FixedEpochs:
 
 
 RunLength = FixedEpochs | AutoEpochs
-"""How long a fit runs: a fixed number of epochs, or until it converges."""
+"""How long a fit runs: a fixed number of epochs, or the stages of an automatic run."""
 
 
 UNTIL = ("predictive", "converged")

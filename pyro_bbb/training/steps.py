@@ -78,7 +78,8 @@ class Steps:
         fused: The fused evaluation of this model, guide, ELBO and estimator, or ``None`` to
             trace them every step.
         runner: The fused step on static buffers (a CUDA graph on CUDA) that takes an
-            epoch's steps instead, or ``None``.
+            epoch's steps instead while it is ``active`` (the eager fused step takes them
+            once it gave up: a failed capture), or ``None``.
     """
 
     def __init__(
@@ -124,7 +125,7 @@ class Steps:
             beta = self.elbo.beta = schedule(epoch + i / num_steps)
             self.rates.before_step(epoch + i / num_steps)
             lrs += self.rates.lr
-            if self.runner is not None:
+            if self.runner is not None and self.runner.active:
                 records.add(self.runner(batch, beta), self.runner.site_names)
                 self.count += 1
             else:

@@ -264,3 +264,11 @@ def test_parallel_splits_run_from_a_script_without_a_main_guard(tmp_path):
     assert run.returncode == 0, run.stderr[-3000:]
     assert run.stdout.count("script ran") == 1  # not again in a worker
     assert "splits 2" in run.stdout
+
+
+def test_bench_uci_help_says_auto_is_fit_s_default_length_not_convergence(capsys):
+    with pytest.raises(SystemExit):
+        main(["bench", "uci", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "auto: fit's default length, until more training stops improving the predictive" in text
+    assert "convergence check passes" not in text

@@ -133,3 +133,10 @@ def test_scores_set_each_method_beside_the_published_figures_of_its_data_set():
     assert rmse["boston"]["BNN (ours)"] == pytest.approx((4.0, 1 / 3**0.5))
     with pytest.raises(ValueError, match="metric"):
         _results().scores("accuracy")
+
+
+def test_the_report_of_an_automatic_run_says_it_stops_on_the_predictive():
+    result = SplitResult("naval", 0, "bnn", 0.0012, 5.9, 0.001, 1.0)
+    markdown = UCIResults(config=UCIConfig(epochs=None), results=[result]).to_markdown()
+    assert "until converged" not in markdown
+    assert "(epochs=None: until more training stops improving the predictive)" in markdown

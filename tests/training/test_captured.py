@@ -430,6 +430,26 @@ def test_a_capture_that_fails_falls_back_to_the_eager_fused_step_with_one_warnin
     _assert_same_fit(fallen, eager, "cpu")
 
 
+def test_after_a_failed_capture_the_eager_fused_step_runs_not_the_static_one(monkeypatch, runners):
+    # the warning says "the eager fused step": after the warm-up and the failed capture's own
+    # step, no step may run on the static buffers (StaticStep), every one on the eager path
+    static_calls = []
+    taken = captured.StaticStep.__call__
+
+    def counted(self, x, y):
+        static_calls.append(x.shape[0])
+        return taken(self, x, y)
+
+    monkeypatch.setattr(captured.StaticStep, "__call__", counted)
+    fallen, eager, _ = _fits_with_a_failing_capture(monkeypatch)
+    assert runners[0] is not None and not runners[0].active and not runners[0].capturing
+    # epoch 0: the warm-up's full batches and the smaller last one; epoch 1: the failed capture
+    assert N // BATCH == captured.WARMUP_STEPS and N % BATCH
+    assert static_calls == [BATCH] * captured.WARMUP_STEPS + [N % BATCH, BATCH]
+    assert fallen[0].steps[-1] > 2 * (captured.WARMUP_STEPS + 1)  # the rest ran eagerly
+    _assert_same_fit(fallen, eager, "cpu")
+
+
 def test_cuda_graph_true_raises_when_the_capture_fails(monkeypatch):
     failing = _Replaying(fail=RuntimeError("operation not permitted when stream is capturing"))
     monkeypatch.setattr(captured, "_capture_for", lambda device: failing)
@@ -488,7 +508,7 @@ def test_tensors_replaced_under_the_graph_are_captured_again_once_then_run_eager
     assert first.filename == second.filename == __file__
     # captured in epoch 0, again in epoch 2 after a new warm-up, never after the second change
     assert replaying.records == 2 and replaying.warm_ups == 2 * captured.WARMUP_STEPS
-    assert not runners[-1].captured and not runners[-1].capturing
+    assert not runners[-1].captured and not runners[-1].capturing and not runners[-1].active
     eager = _fit("cpu", epochs=5, callbacks=[_Replace({1, 3})], cuda_graph=False)
     _assert_same_fit(guarded, eager, "cpu")
 

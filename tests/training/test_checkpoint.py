@@ -15,7 +15,7 @@ from torch.utils.data import DataLoader, TensorDataset
 import pyro_bbb as bbb
 from pyro_bbb.infer import LinearWarmup
 from pyro_bbb.io import files
-from pyro_bbb.training.checkpoint import get_rng_state, set_rng_state
+from pyro_bbb.training.checkpoint import get_rng_state, pair_fingerprint, set_rng_state
 from pyro_bbb.training.lr_schedules import CosineDecay
 
 N = 48
@@ -286,3 +286,59 @@ def test_resume_from_a_saved_model_is_an_error_naming_resume(tmp_path):
 def test_resume_from_a_missing_file_is_an_error_naming_resume(tmp_path):
     with pytest.raises(FileNotFoundError, match=r"resume=.*no such file"):
         _fit(*_fresh(), 2, resume=tmp_path / "nothing.pt")
+
+
+def _automatic(path, *, validation=None, stop=None, resume=None):
+    """Two epochs of an automatic run (a callback stops it), or its resume."""
+
+    class Stop(bbb.Callback):
+        def on_epoch_end(self, epoch, history):
+            return epoch == stop
+
+    x, y = _data()
+    return bbb.fit(
+        *_fresh(), x, y, seed=3, progress=False, validation=validation, checkpoint=path,
+        resume=resume, callbacks=[Stop()] if stop is not None else [], max_steps=8,
+    )  # fmt: skip
+
+
+def _pair(shift: float = 0.0):
+    x, y = _data()
+    return x[:16] + shift, y[:16]
+
+
+@pytest.mark.parametrize(
+    ("written", "resumed", "message"),
+    [
+        (
+            "pair",
+            None,
+            r"with validation=\(x_val, y_val\) of 16 rows, sha256 \w+; this one has none",
+        ),
+        (
+            "pair",
+            "other",
+            r"with validation=.* of 16 rows, sha256 \w+; this one has validation=.* of 16",
+        ),
+        (None, "pair", r"with no validation pair; this one has validation=\(x_val, y_val\) of 16"),
+    ],
+)
+def test_resume_with_a_validation_pair_the_checkpoint_did_not_record_is_refused(
+    tmp_path, written, resumed, message
+):
+    # the pair's scores end an automatic run's stages: resumed against other rows (or none)
+    # the run would read other scores and stop elsewhere
+    pairs = {None: None, "pair": _pair(), "other": _pair(shift=1.0)}
+    path = tmp_path / "c.pt"
+    _automatic(path, validation=pairs[written], stop=1)
+    with pytest.raises(ValueError, match=rf"resume=.* was written by an automatic run {message}"):
+        _automatic(tmp_path / "d.pt", validation=pairs[resumed], resume=path)
+
+
+def test_a_checkpoint_records_its_validation_pair_and_resumes_with_the_same_one(tmp_path):
+    path = tmp_path / "c.pt"
+    _automatic(path, validation=_pair(), stop=1)
+    options = files.read_file(path, argument="path")["options"]
+    assert options["validation_pair"] == pair_fingerprint(_pair())
+    assert pair_fingerprint(_pair()) != pair_fingerprint(_pair(shift=1.0))
+    assert len(_automatic(tmp_path / "d.pt", validation=_pair(), resume=path)) > 2

@@ -142,7 +142,8 @@ def test_a_fit_cut_short_warns_saying_what_fell_and_what_to_change(family):
     pyro.set_rng_seed(0)
     model = linear_bnn(x)
     guide = bbb.LowRankGuide(model, rank=9) if family == "lowrank" else bbb.MeanFieldGuide(model)
-    with pytest.warns(ConvergenceWarning, match=r"still have been falling .*epochs=None") as w:
+    match = r'still have been falling .*epochs=None with until="converged"'
+    with pytest.warns(ConvergenceWarning, match=match) as w:
         history = bbb.fit(model, guide, x, y, epochs=50, seed=0, progress=False)
     assert len(w) == 1 and w[0].filename == __file__
     assert history.converged is False and history.convergence.window == (25, 35)
@@ -176,3 +177,12 @@ def test_history_records_the_check_and_every_epochs_stage():
     history = bbb.fit(model, bbb.MeanFieldGuide(model), x, y, epochs=3, progress=False)
     assert history.stage == ["", "", ""] and history.as_dict()["stage"] == history.stage
     assert history.converged is False and not History(num_data=1).converged
+
+
+def test_the_advice_names_the_strict_run_for_convergence_not_the_default_length():
+    # epochs=None alone stops on the predictive (until="predictive"): the check's advice must
+    # send a user after convergence to until="converged", and not say epochs=None gets there
+    message = check_convergence(_history([1.0, 1.0, 1.0])).message
+    assert 'until="converged", which trains until this check passes' in message
+    assert "epochs=None, which trains until this check passes" not in message
+    assert "epochs=None alone stops once more training stops improving the predictive" in message

@@ -29,7 +29,7 @@ def test_the_held_out_rows_are_a_seeded_disjoint_split_of_every_row():
 
 @pytest.mark.parametrize(
     ("num_data", "fraction", "count"),
-    [(1000, 0.1, 100), (150, 0.1, 15), (60, 0.1, 0), (20, 0.5, 10), (19, 0.5, 0)],
+    [(1000, 0.1, 100), (150, 0.1, 15), (60, 0.1, 0), (20, 0.5, 10), (19, 0.5, 0), (23, 0.5, 11)],
 )
 def test_too_few_rows_to_score_are_not_held_out(num_data, fraction, count):
     assert held_out_rows(num_data, fraction) == count
@@ -49,17 +49,35 @@ def test_the_default_holds_nothing_out_and_a_fraction_holds_out_tensor_rows_of_a
     loader = DataLoader(TensorDataset(x, y), batch_size=10)
     assert held_out_fraction(model, x, None, None) == 0.0
     assert held_out_fraction(model, x, None, 0.2) == 0.2
-    assert held_out_fraction(model, loader, None, 0.2) == 0.0
+    assert held_out_fraction(model, loader, None, None) == 0.0
+    assert held_out_fraction(model, loader, None, 0) == 0.0
+    assert held_out_fraction(model, loader, None, (x, y)) == 0.0  # scored as given
     assert held_out_fraction(model, x, None, (x, y)) == 0.0  # scored as given
-    assert held_out_fraction(lambda x, y: None, x, None, 0.2) == 0.0
+    assert held_out_fraction(lambda x, y: None, x, None, None) == 0.0
+
+
+def test_a_fraction_of_a_data_loader_s_rows_is_refused_naming_what_works():
+    x, y, *_ = random_conjugate_problem(60, 2)
+    loader = DataLoader(TensorDataset(x, y), batch_size=10)
+    with pytest.raises(ValueError, match=r"validation=0.2 .* DataLoader's rows cannot be held"):
+        held_out_fraction(linear_bnn(x), loader, None, 0.2)
+
+
+@pytest.mark.parametrize("validation", [0.2, "pair"])
+def test_validation_of_a_model_whose_predictive_cannot_be_scored_is_refused(validation):
+    x, y, *_ = random_conjugate_problem(60, 2)
+    validation = (x, y) if validation == "pair" else validation
+    with pytest.raises(ValueError, match=r"validation=.* needs a network model.net .* function"):
+        held_out_fraction(lambda x, y: None, x, None, validation)
 
 
 @pytest.mark.parametrize(
     ("validation", "epochs", "error", "match"),
     [
         (0.1, 100, ValueError, r"validation= applies to a run of epochs=None"),
-        (1.0, None, ValueError, r"validation must be a fraction of the rows in \[0, 1\), got 1.0"),
-        (-0.1, None, ValueError, r"in \[0, 1\), got -0.1"),
+        (1.0, None, ValueError, r"validation must be a fraction of the rows in \[0, 0.5\]"),
+        (0.6, None, ValueError, r"in \[0, 0.5\] \(the rest train\), got 0.6; .* \(x_val, y_val\)"),
+        (-0.1, None, ValueError, r"in \[0, 0.5\] \(the rest train\), got -0.1"),
         ("10%", None, TypeError, r"validation must be a fraction .* got '10%'"),
         ((torch.zeros(3, 2), torch.zeros(4)), None, ValueError, r"as many rows each, got 3 and 4"),
     ],
@@ -74,3 +92,44 @@ def test_fit_names_the_bad_validation_argument():
     model = linear_bnn(x)
     with pytest.raises(ValueError, match=r"validation must be a fraction of the rows"):
         bbb.fit(model, bbb.MeanFieldGuide(model), x, y, validation=2.0, progress=False)
+
+
+@pytest.mark.parametrize("validation", [0.2, "pair"])
+def test_validation_with_the_strict_rule_is_refused_since_it_scores_no_held_out_rows(validation):
+    x, y, *_ = random_conjugate_problem(60, 2)
+    validation = (x[:20], y[:20]) if validation == "pair" else validation
+    with pytest.raises(ValueError, match=r'validation=.* until="converged" .* validation=None'):
+        check_validation(validation, None, "converged")
+    check_validation(None, None, "converged")
+    check_validation(validation, None, "predictive")
+
+
+@pytest.mark.parametrize(
+    ("options", "match"),
+    [
+        ({"validation": 0.6}, r"validation must be a fraction of the rows in \[0, 0.5\]"),
+        ({"validation": 0.2, "until": "converged"}, r'validation=0.2 .*until="converged"'),
+        ({"validation": 0.2, "loader": True}, r"validation=0.2 .* DataLoader"),
+    ],
+)
+def test_fit_refuses_a_validation_it_cannot_honour(options, match):
+    x, y, *_ = random_conjugate_problem(1000, 2)
+    model = linear_bnn(x)
+    data = (
+        (DataLoader(TensorDataset(x, y), batch_size=100),) if options.pop("loader", 0) else (x, y)
+    )
+    with pytest.raises(ValueError, match=match):
+        bbb.fit(model, bbb.MeanFieldGuide(model), *data, progress=False, **options)
+
+
+def test_a_fraction_that_holds_out_too_few_rows_to_score_warns_naming_it():
+    with pytest.warns(UserWarning, match=r"validation=0.1 of 60 rows holds out 6, too few") as w:
+        assert held_out_split(60, 0.1, 3) == (None, None, 3)
+    assert len(w) == 1
+
+
+def test_history_held_out_is_documented_as_counting_a_validation_pair_s_rows_too():
+    # fit records a pair's rows in History.held_out (test_default_length's pair test); the
+    # attribute's docstring must say so, not "rows held out ... 0 when none"
+    section = bbb.History.__doc__.split("held_out:")[1].split("stopped:")[0]
+    assert "(x_val, y_val)" in section and "nothing held out then" in section

@@ -346,7 +346,7 @@ def test_fit_rejects_float_class_labels():
     x, _ = _data()
     model = BNN(mlp([1, 8, 3]), likelihoods.Categorical(), num_data=N)
     guide = MeanFieldGuide(model)
-    with pytest.raises(ValueError, match=r"integer class labels"):
+    with pytest.raises(ValueError, match=r"integer class labels \(e.g. y.long\(\)\)"):
         fit(model, guide, x, torch.zeros(N), epochs=1, progress=False)
 
 
@@ -360,8 +360,33 @@ def test_fit_rejects_a_data_set_whose_size_is_not_num_data():
 def test_fit_rejects_data_that_are_not_tensors():
     x, y = _data()
     model, guide = _setup()
-    with pytest.raises(TypeError, match=r"x and y must be tensors"):
+    fix = r"convert with torch.as_tensor\(x, dtype=torch.float32\) and torch.as_tensor\(y, dtype"
+    with pytest.raises(TypeError, match=rf"x and y must be tensors .* ndarray and ndarray; {fix}"):
         fit(model, guide, x.numpy(), y.numpy(), epochs=1, progress=False)
+    with pytest.raises(TypeError, match=r"x must be a torch.Tensor, got ndarray; convert it with "):
+        predict(model, guide, x.numpy())
+    labels = BNN(mlp([1, 8, 3]), likelihoods.Categorical(), num_data=N)
+    with pytest.raises(
+        TypeError, match=r"got Tensor and list; convert with torch.as_tensor\(y\).long"
+    ):
+        fit(labels, MeanFieldGuide(labels), x, [0] * N, epochs=1, progress=False)
+
+
+def test_a_guide_s_set_up_error_carries_no_table_of_pyro_s():
+    # Pyro's trace appends "Trace Shapes: ... Param Sites: ..." to a ValueError raised under
+    # it; ours already say what is wrong and what to do
+    x, y = _data()
+    first = BNN(mlp([1, 8, 1]), likelihoods.Gaussian(), num_data=N)
+    fit(first, MeanFieldGuide(first), x, y, epochs=1, progress=False)
+    model = BNN(mlp([1, 5, 1]), likelihoods.Gaussian(), num_data=N)
+    for call in (
+        lambda: fit(model, MeanFieldGuide(model), x, y, epochs=1, progress=False),
+        lambda: predict(model, MeanFieldGuide(model), x),
+    ):
+        with pytest.raises(ValueError, match=r"already holds 'MeanFieldGuide.locs.0.weight'") as e:
+            call()
+        assert "Trace Shapes" not in str(e.value) and "Param Sites" not in str(e.value)
+        assert str(e.value).endswith("name='MeanFieldGuide2'.")
 
 
 def test_model_rejects_inputs_on_another_device_naming_both():

@@ -26,9 +26,10 @@ import pyro.distributions as dist
 import torch
 from pyro.infer.autoguide import AutoGuide
 
-from ..._pyro_compat import set_pyro_name
+from ..._pyro_compat import pyro_name, set_pyro_name
 from ...nn import fresh_initial_values
 from ._init import InitLoc, global_latent_sites, initial_locs
+from ._params import taking_fitted
 
 __all__ = ["GaussianGuide", "SiteGuide", "SiteWiseGuide"]
 
@@ -67,7 +68,8 @@ class SiteGuide(AutoGuide):
         locs = initial_locs(self.model, sites, self._init_loc)
         if self.member_shape:
             locs = self._member_locs(locs)
-        self._build(sites, locs)
+        with taking_fitted(type(self).__name__, pyro_name(self)):  # warns if it takes a fit's
+            self._build(sites, locs)
 
     def _member_locs(self, locs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Initial means of ``K`` members, ``{site: (*member_shape, *site shape)}``.

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from pyro.poutine import Trace
 from torch import nn
 
+from ..._pyro_compat import SetupError
 from ...nn import initial_values
 from ..sites import base_support, is_real_valued
 
@@ -74,7 +75,7 @@ def global_latent_sites(trace: Trace, guide_name: str, model: object = None) -> 
             )
         sites[name] = site
     if not sites:
-        raise ValueError(f"{guide_name}: the model has no latent sample site to approximate")
+        raise SetupError(f"{guide_name}: the model has no latent sample site to approximate")
     return sites
 
 
@@ -105,7 +106,7 @@ def initial_locs(
         named = {name: p.detach() for name, p in init_loc.named_parameters()}
         missing = [name for name in sites if name not in named and name in defaults]
         if missing:
-            raise ValueError(
+            raise SetupError(
                 f"init_loc module has no parameter for site(s) {missing}; its parameters are "
                 f"{sorted(named)}"
             )
@@ -113,7 +114,7 @@ def initial_locs(
     elif isinstance(init_loc, Mapping):
         unknown = sorted(set(init_loc) - set(sites))
         if unknown:
-            raise ValueError(f"init_loc names unknown site(s) {unknown}; sites are {list(sites)}")
+            raise SetupError(f"init_loc names unknown site(s) {unknown}; sites are {list(sites)}")
         source = {**defaults, **init_loc}
     else:
         raise TypeError(
@@ -126,7 +127,7 @@ def initial_locs(
         value = source.get(name, prototype)
         value = torch.as_tensor(value).detach()
         if value.shape != prototype.shape:
-            raise ValueError(
+            raise SetupError(
                 f"init_loc for site {name!r} must have shape {tuple(prototype.shape)}, got "
                 f"{tuple(value.shape)}"
             )

@@ -2,7 +2,12 @@
 
 :func:`set_param` creates a guide parameter after checking that Pyro's global param store
 does not already hold one of that name with another shape (a second model in one session),
-which would otherwise be silently reused and fail deep inside torch.
+which would otherwise be silently reused and fail deep inside torch. A parameter of that
+name and shape that :func:`~pyro_bbb.fit` trained for another guide (:func:`mark_fitted`),
+left in the store by an earlier fit (a notebook cell run twice without
+``pyro.clear_param_store()``), would be taken as this guide's starting value: a guide never
+fitted would predict as the fitted one. Pyro shares it (same name, same parameter), so it is
+taken, but not silently: :func:`taking_fitted` warns once per guide, naming the way out.
 
 :class:`ParamRef` reads one fast. Reading ``guide.locs.fc1.weight`` walks one
 ``PyroModule.__getattr__`` per name component and then issues the ``pyro.param`` statement;
@@ -15,6 +20,12 @@ the module's own path, which re-synchronises them, so the semantics are PyroModu
 
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
+import warnings
+import weakref
+from collections.abc import Iterable, Iterator
 from operator import attrgetter
 
 import pyro
@@ -23,6 +34,7 @@ from pyro.infer.autoguide.utils import deep_setattr
 from pyro.nn import PyroModule, PyroParam
 
 from ..._pyro_compat import (
+    SetupError,
     join_name,
     module_local_params,
     param_store_value,
@@ -30,7 +42,81 @@ from ..._pyro_compat import (
     unconstrained_parameter,
 )
 
-__all__ = ["ParamRef", "set_param"]
+__all__ = ["ParamRef", "mark_fitted", "set_param", "taking_fitted"]
+
+#: The tensors ``fit`` has trained, by ``id``: a weak reference to each, so that an entry
+#: goes with its tensor and a new tensor at a reused address is not taken for it.
+_FITTED: dict[int, weakref.ref] = {}
+#: The param-store names of fitted parameters a guide being built takes (innermost build last).
+_TAKING: list[list[str]] = []
+
+
+def mark_fitted(tensors: Iterable[torch.Tensor]) -> None:
+    """Record that :func:`~pyro_bbb.fit` trains ``tensors`` (the param store's, by name).
+
+    A guide built later whose parameters have these tensors' names would take their fitted
+    values from the store: :func:`set_param` reports it to :func:`taking_fitted`.
+    """
+    for tensor in tensors:
+        key = id(tensor)
+        _FITTED[key] = weakref.ref(tensor, lambda _, key=key: _FITTED.pop(key, None))
+
+
+def _fitted(tensor: torch.Tensor) -> bool:
+    ref = _FITTED.get(id(tensor))
+    return ref is not None and ref() is tensor
+
+
+@contextlib.contextmanager
+def taking_fitted(guide: str, name: str) -> Iterator[None]:
+    """Warn once, after building a guide's parameters, if any takes a fitted value.
+
+    Args:
+        guide: The guide's class name, for the message.
+        name: Its name in the param store (its ``name=``).
+    """
+    taken: list[str] = []
+    _TAKING.append(taken)
+    try:
+        yield
+    finally:
+        _TAKING.pop()
+    if taken:
+        more = f" and {len(taken) - 1} more of its parameters" if len(taken) > 1 else ""
+        warnings.warn(
+            f"Pyro's param store already holds {taken[0]!r}{more}, trained by an earlier "
+            f"fit of another {guide} named {name!r}: this guide takes those fitted values in "
+            "place of its own initialisation (Pyro shares parameters by name), so it starts "
+            "from, and predicts as, the fitted guide. For a fresh guide call "
+            "pyro.clear_param_store() before building the model and guide, or give this one "
+            f"its own name (name='{name}2'); to continue that fit, pass the fitted guide "
+            "itself to fit again",
+            UserWarning,
+            stacklevel=_outside_frames(),
+        )
+
+
+#: The packages a guide is set up through: a warning points at the first frame outside them.
+_INSIDE = (
+    *(
+        os.path.dirname(module.__file__) + os.sep
+        for module in (sys.modules[__name__.partition(".")[0]], pyro, torch)
+    ),
+    contextlib.__file__,
+)
+
+
+def _outside_frames() -> int:
+    """The ``stacklevel`` of the caller's first frame outside pyro_bbb, Pyro and torch.
+
+    A guide is set up on its first use, through ``fit``, ``predict`` or a handler, at a
+    depth that varies; the warning is pointed at the user's line, so that Python's default
+    filter shows it once per line of the user's, not once per session.
+    """
+    frame, level = sys._getframe(1), 1
+    while frame is not None and frame.f_code.co_filename.startswith(_INSIDE):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def set_param(root: PyroModule, path: str, value: torch.Tensor, *, site: str) -> None:
@@ -49,14 +135,23 @@ def set_param(root: PyroModule, path: str, value: torch.Tensor, *, site: str) ->
 
     Raises:
         ValueError: If the param store holds ``<root name>.<path>`` with another shape.
+
+    Warns:
+        UserWarning: Through :func:`taking_fitted`, once a guide, when the store holds it
+            with this shape, trained by ``fit`` for another guide.
     """
     if not module_local_params():
         name = pyro_name(root)
         fullname = join_name(name, path)
         store = pyro.get_param_store()
-        if fullname in store and store[fullname].shape != value.shape:
+        stored = store[fullname] if fullname in store else None  # noqa: SIM401 (no .get)
+        unconstrained = getattr(stored, "unconstrained", lambda: stored)()
+        taken = stored is not None and stored.shape == value.shape and _fitted(unconstrained)
+        if taken and _TAKING:
+            _TAKING[-1].append(fullname)
+        if stored is not None and stored.shape != value.shape:
             guide = name.rpartition(".")[0] or name
-            raise ValueError(
+            raise SetupError(
                 f"Pyro's param store already holds {fullname!r} with shape "
                 f"{tuple(store[fullname].shape)}, but site {site!r} of this model needs "
                 f"{tuple(value.shape)}: it was left by an earlier guide of the same name "

@@ -24,7 +24,7 @@ import pyro.distributions as dist
 import torch
 from pyro.nn import PyroModule
 
-from ..._pyro_compat import low_rank_parts, pyro_name
+from ..._pyro_compat import SetupError, low_rank_parts, pyro_name
 from ..._validation import check_choice, check_int
 from ..sites import BLOCK_KEY, JOINT_KEY
 from ._base import GaussianGuide
@@ -160,7 +160,7 @@ class LowRankGuide(GaussianGuide):
                 slices.append(_Slice(site, start, start + shape.numel(), shape))
                 start += shape.numel()
             if self.rank > start:
-                raise ValueError(
+                raise SetupError(
                     f"rank={self.rank} exceeds the size {start} of block {key!r} "
                     f"(sites {names}); use rank <= {start}"
                     + (" or blocks='network'" if self.blocks == "layer" else "")

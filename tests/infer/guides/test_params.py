@@ -48,3 +48,50 @@ def test_a_guide_with_the_same_shapes_shares_the_stored_parameters():
     second = bbb.MeanFieldGuide(_model(4))
     second(x)
     assert torch.equal(first.median()["0.weight"], second.median()["0.weight"])
+
+
+def _warnings_of_taking(seen) -> list:
+    return [w for w in seen if "trained by an earlier fit" in str(w.message)]
+
+
+@pytest.mark.parametrize("guide_cls", [bbb.MeanFieldGuide, bbb.LowRankGuide])
+def test_a_guide_built_after_a_fit_warns_once_that_it_takes_the_fitted_values(guide_cls):
+    # a notebook cell run twice: the second, never-fitted guide would predict as the fitted
+    # one without a word
+    import warnings
+
+    x, y = torch.randn(20, 3), torch.randn(20)
+    fitted = guide_cls(_model(4))
+    bbb.fit(fitted.model, fitted, x, y, epochs=2, progress=False)
+    model = _model(4)
+    second = guide_cls(model)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        bbb.predict(model, second, x, num_samples=2)
+    (warning,) = _warnings_of_taking(seen)
+    message = str(warning.message)
+    assert f"holds '{guide_cls.__name__}.locs.0" in message
+    assert "pyro.clear_param_store()" in message and f"name='{guide_cls.__name__}2'" in message
+    assert warning.filename == __file__  # the user's line, not the set-up's
+    # it does take them (Pyro's sharing, kept): the warning says what happens
+    assert torch.equal(fitted.median()["0.weight"], second.median()["0.weight"])
+
+
+def test_continuing_a_fit_with_its_guide_and_a_fresh_or_renamed_guide_do_not_warn():
+    import warnings
+
+    import pyro
+
+    x, y = torch.randn(20, 3), torch.randn(20)
+    model = _model(4)
+    guide = bbb.MeanFieldGuide(model)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        bbb.fit(model, guide, x, y, epochs=2, progress=False)
+        bbb.fit(model, guide, x, y, epochs=2, progress=False, beta=1.0)  # continue the fit
+        other = _model(4)
+        bbb.predict(other, bbb.MeanFieldGuide(other, name="second"), x, num_samples=2)
+        pyro.clear_param_store()
+        fresh = _model(4)
+        bbb.predict(fresh, bbb.MeanFieldGuide(fresh), x, num_samples=2)
+    assert not _warnings_of_taking(seen)
