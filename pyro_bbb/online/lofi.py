@@ -367,7 +367,7 @@ class LoFi(OnlineUpdater):
 
     def _step(
         self, state: LoFiState, pull: Callable[[torch.Tensor], tuple]
-    ) -> tuple[LoFiState, torch.Tensor, torch.Tensor]:
+    ) -> tuple[LoFiState, LoFiState, torch.Tensor, torch.Tensor]:
         prior = predict(state, self.dynamics_noise)
         current = prior
         for iteration in range(self.num_iterations):
@@ -381,7 +381,7 @@ class LoFi(OnlineUpdater):
             flat = rows.reshape(-1, rows.shape[-1]) / thetas.shape[0] ** 0.5
             iterate = current.mean if iteration else None
             current = update(prior, gradient, flat, iterate=iterate, step_size=self.step_size)
-        return current, *ahead
+        return current, prior, *ahead
 
     def _output_covariance(self, state: LoFiState, rows: torch.Tensor) -> torch.Tensor:
         return output_covariance(state, rows)

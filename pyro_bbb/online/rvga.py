@@ -258,7 +258,7 @@ class RVGA(OnlineUpdater):
 
     def _step(
         self, state: RVGAState, pull: Callable[[torch.Tensor], tuple]
-    ) -> tuple[RVGAState, torch.Tensor, torch.Tensor]:
+    ) -> tuple[RVGAState, RVGAState, torch.Tensor, torch.Tensor]:
         previous = predict(state, self.dynamics_noise)
         current = previous
         for iteration in range(self.num_iterations):
@@ -273,7 +273,7 @@ class RVGA(OnlineUpdater):
             if iteration:  # a Gauss-Newton step on the implicit equations, from q^(i)
                 gradient = gradient + precision_times(previous, previous.mean - current.mean)
             current = update(RVGAState(current.mean, previous.covariance_root), gradient, flat)
-        return current, *ahead
+        return current, previous, *ahead
 
     def _output_covariance(self, state: RVGAState, rows: torch.Tensor) -> torch.Tensor:
         return output_covariance(state, rows)
