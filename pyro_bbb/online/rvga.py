@@ -211,12 +211,16 @@ class RVGA(OnlineUpdater):
         dynamics_noise: :math:`q \ge 0`, weight variance added before each step.
         init_loc: The starting mean when ``guide`` is ``None``.
         learn_prior_scale: Learn the prior's scale from the stream (see
-            :class:`~pyro_bbb.online.OnlineUpdater`); each change re-factorises the
-            covariance, :math:`O(d^3)`, so the belief follows once it has moved by 10 %.
+            :class:`~pyro_bbb.online.OnlineUpdater`): a Gaussian likelihood's, from a start
+            with a diagonal precision (the prior or a ``MeanFieldGuide``); each change
+            re-factorises the covariance, :math:`O(d^3)`, so the belief follows once it has
+            moved by 10 %.
 
     Raises:
         TypeError: On a model that is not a ``BNN`` or an unsupported guide.
-        ValueError: On bad options; at the first update, on non-Gaussian priors.
+        ValueError: On bad options (``learn_prior_scale`` for a classifier, or a start whose
+            precision is not diagonal, included); at the first update, on non-Gaussian
+            priors.
     """
 
     def __init__(

@@ -117,7 +117,12 @@ class OnlineUpdater:
         learn_prior_scale: Learn a multiplier of the starting belief's precision from the
             stream (:class:`~pyro_bbb.online.empirical_bayes.PriorScaleEstimate`): for a
             Gaussian likelihood and a start with a diagonal precision (the prior, or a
-            ``MeanFieldGuide``); ignored otherwise.
+            ``MeanFieldGuide``); refused otherwise.
+
+    Raises:
+        ValueError: If ``learn_prior_scale`` is asked of a classifier (at once) or of a
+            start whose precision is not diagonal (where the start is known: at once for a
+            guide that is set up, else at the first update).
     """
 
     def __init__(
@@ -136,6 +141,13 @@ class OnlineUpdater:
         self.observation = Observation(model.likelihood)
         self.dynamics_noise = check_nonnegative_number("dynamics_noise", dynamics_noise)
         self.learn_prior_scale = bool(learn_prior_scale)
+        if self.learn_prior_scale and not self.observation.regression:
+            raise ValueError(
+                "learn_prior_scale=True learns the prior's scale from a Gaussian likelihood's "
+                "one-step-ahead predictive, but the model's likelihood is a "
+                f"{type(model.likelihood).__name__}; leave learn_prior_scale=False for a "
+                "classifier"
+            )
         self._prior_scale: PriorScaleEstimate | None = None
         self._anchor: tuple[torch.Tensor, torch.Tensor] | None = None
         self._prior_applied = 1.0
@@ -308,14 +320,21 @@ class OnlineUpdater:
 
     @torch.no_grad()
     def _begin(self, layout: WeightLayout, start: Start) -> None:
+        precision = _diagonal_precision(start)
+        if self.learn_prior_scale and precision is None:
+            raise ValueError(
+                "learn_prior_scale=True learns a multiplier of a starting precision that is "
+                f"diagonal (the prior's, or a MeanFieldGuide's), but this start holds "
+                f"{_start_form(start)}; start from the prior (guide=None) or a MeanFieldGuide, "
+                "or leave learn_prior_scale=False"
+            )
         self._layout = layout
         self.state = self._init_state(start)
         self._stale = True  # the guide takes it at its next use
         self.guide.follow(self._export)
         if self.observation.learned_scale:
             self._noise = NoiseEstimate(self.observation.scale().square())
-        precision = _diagonal_precision(start)
-        if self.learn_prior_scale and self.observation.regression and precision is not None:
+        if self.learn_prior_scale:
             self._anchor = (start.mean.clone(), precision)
             self._prior_scale = PriorScaleEstimate()
 
@@ -459,6 +478,16 @@ def _diagonal_precision(start: Start) -> torch.Tensor | None:
     if start.precision_factor is not None and bool(start.precision_factor.any()):
         return None
     return start.precision_diag.clone()
+
+
+def _start_form(start: Start) -> str:
+    """What a start with a precision that is not diagonal holds, in words."""
+    if start.covariance is not None:
+        return "a LowRankGuide's covariance D + VVᵀ"
+    if start.covariance_root is not None:
+        return "a full covariance (a full-rank LowRankPrecisionGuide's)"
+    rank = start.precision_factor.shape[1]
+    return f"a precision with a low-rank part W ≠ 0 (rank {rank}: a belief carried from a stream)"
 
 
 def _set_scale(likelihood, sigma: torch.Tensor) -> None:
