@@ -25,6 +25,7 @@ from ..infer.mcmc import NUTSResult
 from ..infer.predictive import ClassificationPrediction, RegressionPrediction, predict
 from .diagnostics import effective_sample_size, psis_khat
 from .distances import label_set_coverage, top1_agreement, total_variation, wasserstein2
+from .inference_data import warn_if_stopped_on_predictive
 
 __all__ = ["Comparison", "compare"]
 
@@ -186,6 +187,12 @@ def compare(
     Returns:
         A :class:`Comparison`.
 
+    Warns:
+        ConvergenceWarning: Once per guide, when its fit stopped on the predictive
+            (``fit``'s default ``until="predictive"``): the report and its distances read
+            a posterior whose sds may be far from their optimum; compare the guide of a
+            ``fit(..., until="converged")`` with NUTS.
+
     Raises:
         TypeError: If ``a`` or ``b`` is neither a guide, a pair nor a NUTS result.
         ValueError: If only one of ``x_train``/``y_train`` is given, or ``names`` is not two
@@ -198,6 +205,7 @@ def compare(
     if (x_train is None) != (y_train is None):
         raise ValueError("pass both x_train and y_train (for PSIS k-hat), or neither")
     for posterior in (post_a, post_b):
+        warn_if_stopped_on_predictive(posterior, "compare")
         if getattr(posterior, "prototype_trace", False) is None:
             # an autoguide creates its parameters on its first call, which draws random
             # numbers: do it before the seeded draws, so that both see the same stream

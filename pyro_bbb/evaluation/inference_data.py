@@ -10,6 +10,8 @@ on first use, so ``import pyro_bbb`` stays light.
 
 from __future__ import annotations
 
+import warnings
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -25,6 +27,7 @@ from .._validation import check_int
 from ..infer import Ensemble
 from ..infer.mcmc import NUTSResult, replay_nuts
 from ..infer.sites import model_in_plates
+from ..training import ConvergenceWarning
 
 if TYPE_CHECKING:
     import arviz as az
@@ -35,6 +38,44 @@ __all__ = ["Draws", "posterior_draws", "site_dims", "to_inference_data"]
 _DRAWS_PLATE = "_draws"
 #: Chains a guide's independent draws are split into by default.
 VI_CHAINS = 4
+
+
+#: The guides already warned that their fit stopped on the predictive (each is warned once).
+_WARNED: weakref.WeakSet = weakref.WeakSet()
+
+
+def warn_if_stopped_on_predictive(posterior: Any, where: str) -> None:
+    """Warn once per guide whose last fit stopped on the predictive, not on convergence.
+
+    :func:`~pyro_bbb.fit` leaves ``guide.fit_until`` (its ``History.until``): ``"predictive"``
+    for its default automatic run, which ends when further steps stop paying on the
+    predictive, while the posterior's sds may still be far from their optimum; the
+    ``ConvergenceWarning`` names ``until="converged"``, the run to use before the posterior
+    itself is read. A NUTS result, a guide never fitted, a fixed-length fit (``None``) or a
+    strict one is not warned.
+
+    Args:
+        posterior: A guide or a NUTS result.
+        where: The function that reads the posterior, for the message.
+    """
+    if getattr(posterior, "fit_until", None) != "predictive":
+        return
+    try:
+        if posterior in _WARNED:
+            return
+        _WARNED.add(posterior)
+    except TypeError:  # a guide that takes no weak reference is warned every time
+        pass
+    warnings.warn(
+        f"{where} reads the posterior of a guide whose fit stopped on the predictive "
+        '(fit\'s default, until="predictive"; History.until): further steps had stopped '
+        "paying on the predictive, but the posterior's sds may still be far from their "
+        "optimum (up to 1.6 times too wide on conjugate regressions at fit's defaults). "
+        'Train with fit(..., until="converged") before exporting the posterior or comparing '
+        "it with NUTS",
+        ConvergenceWarning,
+        stacklevel=3,
+    )
 
 
 @dataclass(frozen=True)
@@ -258,9 +299,15 @@ def to_inference_data(
     Returns:
         An ``arviz.InferenceData``.
 
+    Warns:
+        ConvergenceWarning: Once per guide, when its fit stopped on the predictive
+            (``fit``'s default ``until="predictive"``): its sds may be far from the
+            posterior's; ``until="converged"`` is the run to export.
+
     Raises:
         ValueError: As :func:`posterior_draws`.
     """
+    warn_if_stopped_on_predictive(posterior, "to_inference_data")
     if seed is not None:
         pyro.set_rng_seed(seed)
     draws = posterior_draws(model, posterior, x, y, num_samples=num_samples, num_chains=num_chains)

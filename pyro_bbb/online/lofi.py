@@ -306,7 +306,8 @@ class LoFi(OnlineUpdater):
         init_loc: The starting mean when ``guide`` is ``None`` (see
             :class:`~pyro_bbb.online.LowRankPrecisionGuide`).
         learn_prior_scale: Learn the prior's scale from the stream (see
-            :class:`~pyro_bbb.online.OnlineUpdater`).
+            :class:`~pyro_bbb.online.OnlineUpdater`): a Gaussian likelihood's, from a start
+            with a diagonal precision (the prior or a ``MeanFieldGuide``).
         num_iterations: Gauss-Newton steps on the minibatch, each relinearised at the last
             iterate (1: the LoFi step; more: the iterated filter).
         num_samples: ``None`` to linearise at the mean (LoFi); an even number of mirrored
@@ -319,8 +320,9 @@ class LoFi(OnlineUpdater):
     Raises:
         TypeError: On a model that is not a ``BNN`` or an unsupported guide.
         ValueError: On a bad rank, dynamics noise, iteration count, number of draws or step
-            size; at the first update, on non-Gaussian priors or a ``LowRankPrecisionGuide``
-            of another rank.
+            size; on ``learn_prior_scale`` for a classifier or a start whose precision is not
+            diagonal; at the first update, on non-Gaussian priors or a
+            ``LowRankPrecisionGuide`` of another rank.
     """
 
     def __init__(
@@ -367,7 +369,7 @@ class LoFi(OnlineUpdater):
 
     def _step(
         self, state: LoFiState, pull: Callable[[torch.Tensor], tuple]
-    ) -> tuple[LoFiState, torch.Tensor, torch.Tensor]:
+    ) -> tuple[LoFiState, LoFiState, torch.Tensor, torch.Tensor]:
         prior = predict(state, self.dynamics_noise)
         current = prior
         for iteration in range(self.num_iterations):
@@ -381,7 +383,7 @@ class LoFi(OnlineUpdater):
             flat = rows.reshape(-1, rows.shape[-1]) / thetas.shape[0] ** 0.5
             iterate = current.mean if iteration else None
             current = update(prior, gradient, flat, iterate=iterate, step_size=self.step_size)
-        return current, *ahead
+        return current, prior, *ahead
 
     def _output_covariance(self, state: LoFiState, rows: torch.Tensor) -> torch.Tensor:
         return output_covariance(state, rows)

@@ -211,12 +211,16 @@ class RVGA(OnlineUpdater):
         dynamics_noise: :math:`q \ge 0`, weight variance added before each step.
         init_loc: The starting mean when ``guide`` is ``None``.
         learn_prior_scale: Learn the prior's scale from the stream (see
-            :class:`~pyro_bbb.online.OnlineUpdater`); each change re-factorises the
-            covariance, :math:`O(d^3)`, so the belief follows once it has moved by 10 %.
+            :class:`~pyro_bbb.online.OnlineUpdater`): a Gaussian likelihood's, from a start
+            with a diagonal precision (the prior or a ``MeanFieldGuide``); each change
+            re-factorises the covariance, :math:`O(d^3)`, so the belief follows once it has
+            moved by 10 %.
 
     Raises:
         TypeError: On a model that is not a ``BNN`` or an unsupported guide.
-        ValueError: On bad options; at the first update, on non-Gaussian priors.
+        ValueError: On bad options (``learn_prior_scale`` for a classifier, or a start whose
+            precision is not diagonal, included); at the first update, on non-Gaussian
+            priors.
     """
 
     def __init__(
@@ -258,7 +262,7 @@ class RVGA(OnlineUpdater):
 
     def _step(
         self, state: RVGAState, pull: Callable[[torch.Tensor], tuple]
-    ) -> tuple[RVGAState, torch.Tensor, torch.Tensor]:
+    ) -> tuple[RVGAState, RVGAState, torch.Tensor, torch.Tensor]:
         previous = predict(state, self.dynamics_noise)
         current = previous
         for iteration in range(self.num_iterations):
@@ -273,7 +277,7 @@ class RVGA(OnlineUpdater):
             if iteration:  # a Gauss-Newton step on the implicit equations, from q^(i)
                 gradient = gradient + precision_times(previous, previous.mean - current.mean)
             current = update(RVGAState(current.mean, previous.covariance_root), gradient, flat)
-        return current, *ahead
+        return current, previous, *ahead
 
     def _output_covariance(self, state: RVGAState, rows: torch.Tensor) -> torch.Tensor:
         return output_covariance(state, rows)

@@ -12,8 +12,9 @@ on the filter's algebra:
   precision form);
 * it pulls the likelihood's gradient and curvature root back through the network for a
   filter step (:func:`~pyro_bbb.online.network.pull_back_rows`);
-* it scores each minibatch under the belief before it (the one-step-ahead predictive,
-  :class:`Ahead`) and adds its log-density to :attr:`OnlineUpdater.log_evidence`;
+* it scores each minibatch under the belief before it, after the drift that
+  ``dynamics_noise`` adds (the one-step-ahead predictive, :class:`Ahead`), and adds its
+  log-density to :attr:`OnlineUpdater.log_evidence`;
 * from the same predictive it estimates a Gaussian's learned noise scale
   (:class:`~pyro_bbb.online.empirical_bayes.NoiseEstimate`), written to the likelihood, and,
   when asked, the prior's scale
@@ -74,7 +75,7 @@ class Start(NamedTuple):
 
 
 class Ahead(NamedTuple):
-    """A minibatch under the belief before it (the one-step-ahead predictive).
+    """A minibatch under the belief before it, after the drift (the one-step-ahead predictive).
 
     Attributes:
         residual: Errors of the predictive mean, ``(B, C)`` (``None`` for a classifier).
@@ -116,7 +117,12 @@ class OnlineUpdater:
         learn_prior_scale: Learn a multiplier of the starting belief's precision from the
             stream (:class:`~pyro_bbb.online.empirical_bayes.PriorScaleEstimate`): for a
             Gaussian likelihood and a start with a diagonal precision (the prior, or a
-            ``MeanFieldGuide``); ignored otherwise.
+            ``MeanFieldGuide``); refused otherwise.
+
+    Raises:
+        ValueError: If ``learn_prior_scale`` is asked of a classifier (at once) or of a
+            start whose precision is not diagonal (where the start is known: at once for a
+            guide that is set up, else at the first update).
     """
 
     def __init__(
@@ -135,6 +141,13 @@ class OnlineUpdater:
         self.observation = Observation(model.likelihood)
         self.dynamics_noise = check_nonnegative_number("dynamics_noise", dynamics_noise)
         self.learn_prior_scale = bool(learn_prior_scale)
+        if self.learn_prior_scale and not self.observation.regression:
+            raise ValueError(
+                "learn_prior_scale=True learns the prior's scale from a Gaussian likelihood's "
+                "one-step-ahead predictive, but the model's likelihood is a "
+                f"{type(model.likelihood).__name__}; leave learn_prior_scale=False for a "
+                "classifier"
+            )
         self._prior_scale: PriorScaleEstimate | None = None
         self._anchor: tuple[torch.Tensor, torch.Tensor] | None = None
         self._prior_applied = 1.0
@@ -177,7 +190,11 @@ class OnlineUpdater:
         raise NotImplementedError
 
     def _step(self, state: Any, pull: Callable[[torch.Tensor], tuple]) -> tuple:
-        r"""One step: ``(new state, outputs (S, B, C), curvature rows (C, S, B, d))``.
+        r"""One step: ``(new state, predicted state, outputs (S, B, C), rows (C, S, B, d))``.
+
+        The predicted state is the belief the minibatch is scored under: ``state`` after
+        the drift (covariance :math:`\Sigma + qI` with ``dynamics_noise`` :math:`q`), before
+        the minibatch is folded in.
 
         ``pull(thetas (S, d))`` returns the outputs at each weight vector, the rows
         :math:`L_n^\top J_n` ``(C, S, B, d)`` and the log-likelihood's gradient in the
@@ -252,12 +269,12 @@ class OnlineUpdater:
         where = f"update {self.num_updates + 1} (points seen before it: {self.num_seen})"
         with torch.no_grad():
             try:
-                state, outputs, rows = self._step(old, pull)
+                state, predicted, outputs, rows = self._step(old, pull)
             except torch.linalg.LinAlgError as error:  # a factorisation of non-finite values
                 raise _diverged(where) from error
             if not all(bool(torch.isfinite(part).all()) for part in state):
                 raise _diverged(where)
-            ahead = self._one_step_ahead(old, y, outputs, rows, scale)
+            ahead = self._one_step_ahead(predicted, y, outputs, rows, scale)
             if ahead.residual is not None:
                 _check_errors(ahead.residual, y, where)
             variance = None
@@ -303,14 +320,21 @@ class OnlineUpdater:
 
     @torch.no_grad()
     def _begin(self, layout: WeightLayout, start: Start) -> None:
+        precision = _diagonal_precision(start)
+        if self.learn_prior_scale and precision is None:
+            raise ValueError(
+                "learn_prior_scale=True learns a multiplier of a starting precision that is "
+                f"diagonal (the prior's, or a MeanFieldGuide's), but this start holds "
+                f"{_start_form(start)}; start from the prior (guide=None) or a MeanFieldGuide, "
+                "or leave learn_prior_scale=False"
+            )
         self._layout = layout
         self.state = self._init_state(start)
         self._stale = True  # the guide takes it at its next use
         self.guide.follow(self._export)
         if self.observation.learned_scale:
             self._noise = NoiseEstimate(self.observation.scale().square())
-        precision = _diagonal_precision(start)
-        if self.learn_prior_scale and self.observation.regression and precision is not None:
+        if self.learn_prior_scale:
             self._anchor = (start.mean.clone(), precision)
             self._prior_scale = PriorScaleEstimate()
 
@@ -347,10 +371,13 @@ class OnlineUpdater:
             check_finite_tensor("x", x)
 
     # -- the one-step-ahead predictive
-    def _one_step_ahead(self, old, y, outputs, rows, scale) -> Ahead:
+    def _one_step_ahead(self, predicted, y, outputs, rows, scale) -> Ahead:
         r"""The minibatch under the belief before it: errors, variances, log-density.
 
-        ``outputs`` ``(S, B, C)`` and ``rows`` ``(C, S, B, d)`` are the one-step-ahead ones.
+        ``predicted`` is the belief after the drift, before the minibatch: covariance
+        :math:`\Sigma = \Sigma_{t-1} + qI`, as in the Kalman filter's order (predict, score
+        :math:`y_t`, update). ``outputs`` ``(S, B, C)`` and ``rows`` ``(C, S, B, d)`` are the
+        one-step-ahead ones.
         For a Gaussian the outputs' covariance is the linearised :math:`J\Sigma J^\top` over
         the minibatch's ``B·C`` outputs (averaged over the ``S`` weight vectors the step
         pulled back at), and the log-density the joint
@@ -364,7 +391,7 @@ class OnlineUpdater:
             return Ahead(None, torch.zeros_like(mean), log_density, None)
         jacobian = rows * scale  # the Gaussian's curvature root is I/σ: rows = J/σ
         by_draw = jacobian.permute(1, 2, 0, 3).flatten(1, 2)  # (S, B·C, d), row-major (b, c)
-        covariance = self._output_covariance(old, by_draw).mean(0)  # (B·C, B·C)
+        covariance = self._output_covariance(predicted, by_draw).mean(0)  # (B·C, B·C)
         epistemic = covariance.diagonal().reshape(mean.shape)
         residual = y.reshape(mean.shape) - mean
         total = covariance.double().clone()  # epistemic is a view of covariance
@@ -376,7 +403,15 @@ class OnlineUpdater:
 
     # -- the learned prior scale
     def _prior_proposal(self, old, ahead: Ahead, scale) -> torch.Tensor | None:
-        r"""The prior's multiplier moved along the one-step-ahead score (a Gaussian's only)."""
+        r"""The prior's multiplier moved along the one-step-ahead score (a Gaussian's only).
+
+        The predictive variances (``ahead``) are those after the drift; their slopes in
+        :math:`\alpha` are taken at ``old``, the belief the multiplier acts on: with
+        :math:`\Sigma_{t-1}(\alpha) = (\Lambda + (\alpha - 1)\Lambda_0)^{-1}` the drift
+        :math:`qI` does not depend on :math:`\alpha`, so
+        :math:`\partial v/\partial\alpha = -u^\top\Lambda_0 u` with
+        :math:`u = \Sigma_{t-1}J^\top`.
+        """
         if ahead.jacobian is None:
             return None
         anchor_mean, anchor_precision = self._anchor
@@ -443,6 +478,16 @@ def _diagonal_precision(start: Start) -> torch.Tensor | None:
     if start.precision_factor is not None and bool(start.precision_factor.any()):
         return None
     return start.precision_diag.clone()
+
+
+def _start_form(start: Start) -> str:
+    """What a start with a precision that is not diagonal holds, in words."""
+    if start.covariance is not None:
+        return "a LowRankGuide's covariance D + VVᵀ"
+    if start.covariance_root is not None:
+        return "a full covariance (a full-rank LowRankPrecisionGuide's)"
+    rank = start.precision_factor.shape[1]
+    return f"a precision with a low-rank part W ≠ 0 (rank {rank}: a belief carried from a stream)"
 
 
 def _set_scale(likelihood, sigma: torch.Tensor) -> None:

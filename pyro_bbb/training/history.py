@@ -55,6 +55,12 @@ class History:
         draws: How several weight draws reach the network: broadcast through its layers,
             or around it once per draw, vectorised by ``torch.func.vmap`` or one after
             another (see :mod:`pyro_bbb.nn.draws`); decided at the fit's set-up.
+        until: The question an automatic run ended on: ``"predictive"`` (fit's default,
+            further steps stopped paying on the predictive; the posterior's sds may still be
+            far from their optimum) or ``"converged"`` (the strict check of the β = 1 loss
+            and its KL); ``None`` for a run of fixed length. ``fit`` also leaves it on the
+            guide as ``guide.fit_until``, where :func:`~pyro_bbb.to_inference_data` and
+            :func:`~pyro_bbb.compare` read it.
         convergence: The convergence check of the fit's end
             (:class:`~pyro_bbb.training.convergence.Convergence`: ``converged``, the epochs
             read, the trends and a message), or ``None`` before ``fit`` has checked.
@@ -65,6 +71,7 @@ class History:
     draws: str = ""
     held_out: int = 0
     stopped: str = ""
+    until: str | None = None
     loss: list[float] = field(default_factory=list)
     loss_per_datum: list[float] = field(default_factory=list)
     nll: list[float] = field(default_factory=list)

@@ -20,7 +20,7 @@ import os
 import sys
 import warnings
 from collections.abc import Callable, Iterable
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, suppress
 from typing import Any
 
 import pyro
@@ -350,6 +350,7 @@ def fit(
     history = History(
         num_data=batches.num_data, num_particles=elbo.num_particles, draws=draws,
         held_out=0 if held_out is None else len(held_out),
+        until=None if epochs is not None else until,
     )  # fmt: skip
     sample = SampleFit(
         *batches.sample(SAMPLE_ROWS), num_data=batches.num_data, seed=order_seed or 0
@@ -406,6 +407,7 @@ def fit(
     )
     bar.close(history.stopped)
     history.convergence = length.convergence(history)
+    _stamp(guide, history.until)
     if parallel.is_main:
         message = length.warning(history)
         if message is not None:
@@ -415,6 +417,16 @@ def fit(
 
 
 # ----------------------------------------------------------------------------- the parts
+def _stamp(guide: object, until: str | None) -> None:
+    """Leave on the guide how its last fit ended (``History.until``), as ``guide.fit_until``.
+
+    Read where the posterior itself is read (:mod:`~pyro_bbb.evaluation`), which warns when
+    the run stopped on the predictive. A guide that takes no attributes is left as it is.
+    """
+    with suppress(AttributeError, TypeError):
+        guide.fit_until = until
+
+
 def _place(
     model: object,
     guide: object,

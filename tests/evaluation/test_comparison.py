@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 
@@ -116,3 +118,19 @@ def test_the_vi_vs_nuts_example_runs_end_to_end(tmp_path):
     assert "(the same 50 epochs for every posterior" in run.stdout  # said, not warned of
     assert "ConvergenceWarning" not in run.stderr
     assert out.stat().st_size > 10_000
+
+
+def test_the_report_warns_once_of_a_guide_whose_fit_stopped_on_the_predictive():
+    x, y, *_ = conjugate_problem()
+    model = linear_bnn(x)
+    guides = {}
+    for until in ("predictive", "converged"):
+        guides[until] = bbb.MeanFieldGuide(model, name=until)
+        bbb.fit(model, guides[until], x, y, progress=False, seed=0, max_steps=40, until=until)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        compare(model, guides["predictive"], guides["converged"], x, y, num_samples=20)
+        compare(model, guides["converged"], guides["predictive"], x, y, num_samples=20)
+    messages = [str(w.message) for w in caught if issubclass(w.category, bbb.ConvergenceWarning)]
+    assert len(messages) == 1
+    assert messages[0].startswith("compare reads") and 'until="converged"' in messages[0]

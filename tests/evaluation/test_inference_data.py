@@ -195,3 +195,34 @@ def test_num_chains_must_match_a_nuts_results_chains(nuts_result):
         to_inference_data(linear_bnn(x), nuts_result, x, y, num_chains=4)
     with pytest.raises(ValueError, match="num_chains must be a positive int, got 0"):
         to_inference_data(linear_bnn(x), nuts_result, x, y, num_chains=0)
+
+
+def _fitted(**options):
+    x, y, *_ = conjugate_problem()
+    model = linear_bnn(x)
+    guide = bbb.MeanFieldGuide(model)
+    bbb.fit(model, guide, x, y, progress=False, seed=0, **options)
+    return model, guide, x, y
+
+
+def _convergence_warnings(call):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        call()
+    return [str(w.message) for w in caught if issubclass(w.category, bbb.ConvergenceWarning)]
+
+
+def test_a_posterior_whose_fit_stopped_on_the_predictive_is_exported_with_one_warning():
+    # fit's default run stops when the predictive stops improving; its sds can be far from
+    # the posterior's, so the export says so, once per guide, and names the strict run
+    model, guide, x, y = _fitted(max_steps=40)
+    first = _convergence_warnings(lambda: to_inference_data(model, guide, x, y, num_samples=8))
+    assert len(first) == 1
+    assert "to_inference_data" in first[0] and 'until="converged"' in first[0]
+    assert not _convergence_warnings(lambda: to_inference_data(model, guide, x, y, num_samples=8))
+
+
+@pytest.mark.parametrize("options", [{"max_steps": 40, "until": "converged"}, {"epochs": 3}])
+def test_a_strict_or_fixed_fit_is_exported_without_that_warning(options):
+    model, guide, x, y = _fitted(**options)
+    assert not _convergence_warnings(lambda: to_inference_data(model, guide, x, y, num_samples=8))

@@ -561,3 +561,22 @@ def test_fit_refuses_a_model_that_does_not_scale_a_minibatch_by_n_over_b():
     # full batch needs no scaling
     history = fit(model, MeanFieldGuide(model), x, y, epochs=1, progress=False)
     assert len(history) == 1
+
+
+@pytest.mark.parametrize(
+    ("options", "until"),
+    [
+        ({"max_steps": 40}, "predictive"),
+        ({"max_steps": 40, "until": "converged"}, "converged"),
+        ({"epochs": 3}, None),
+    ],
+    ids=["default", "strict", "fixed"],
+)
+def test_the_history_and_the_guide_record_which_question_ended_the_run(options, until):
+    # the default automatic run stops on the predictive, the strict one on convergence, a
+    # fixed one on its length: evaluation reads guide.fit_until to warn on the first
+    model, guide = _setup()
+    x, y = _data()
+    history = fit(model, guide, x, y, progress=False, seed=0, **options)
+    assert history.until == until
+    assert guide.fit_until == until

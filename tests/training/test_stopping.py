@@ -5,9 +5,12 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pyro
 import pytest
+import torch
 
 import pyro_bbb as bbb
+from pyro_bbb.training.convergence import autocorrelation_time
 from pyro_bbb.training.stopping import (
     DECAY_SHARE,
     FIT_TOLERANCE,
@@ -17,6 +20,9 @@ from pyro_bbb.training.stopping import (
     Converges,
     StopsPaying,
 )
+
+from ..problems import linear_bnn, random_conjugate_problem
+from ..support import FULL
 
 
 def _history(num_data=100, *, nll=None, kl=None, validation=None, plain=None):
@@ -121,3 +127,51 @@ def test_a_rule_is_a_function_of_the_history_alone(rule):
     history = _history(nll=values, validation=values, plain=[100 * v for v in values])
     first = rule.judge(history, "train", 0, 40, True)
     assert rule.judge(history, "train", 0, 40, True) == first
+
+
+def test_the_strict_rules_decay_may_take_four_times_the_run_before_it():
+    # 332 tau reaches the floor of 0.3 %, unless four times the run before it is shorter;
+    # the cap was the run itself, which stopped a short run's rate at 1-2 % of lr, where a
+    # LowRankGuide's sds still wander by several per cent
+    rng = np.random.default_rng(0)
+    for start in (50, 1000):
+        history = _history(plain=[0.0] * start)
+        history.kl = list(rng.normal(0, 1, start))
+        tau = autocorrelation_time(history.kl[start // 2 :])
+        planned, floor = Converges().decay_plan(history, 0, start)
+        full = math.ceil(tau * (1 / 0.003 - 1))
+        assert planned == (4 * start if start == 50 else full) == min(full, 4 * start)
+        assert floor == pytest.approx(max(0.003, tau / (tau + planned)))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["lowrank", "meanfield"])
+def test_the_strict_fit_meets_conjugate_posteriors_of_every_size_within_5_percent(family):
+    # fit(model, guide, x, y, until="converged") with nothing else, on conjugate
+    # regressions of 2-8 features and 60-1,000 points (low-rank at full rank; mean-field
+    # against its own optimum). With the decay capped at the run before it, the low-rank
+    # guide's sds came out up to 5.1 % off (8 x 1,000, problem and seed 6: a full-rate
+    # stage of 200 epochs, the rate stopped at 0.7 % of lr); measured with the cap at four
+    # times the run, over problems and seeds 0-3 of each size and 4-7 of 6 x 300 and
+    # 8 x 1,000: within 3.0 % (low-rank) and 1.9 % (mean-field). The short form runs the
+    # case that failed.
+    cases = [("8x1000", 6)]
+    if FULL:
+        sizes = ("2x60", "3x150", "6x300", "8x1000")
+        cases += [(size, seed) for size in sizes for seed in range(4)]
+    for size, seed in cases:
+        dim, num_data = map(int, size.split("x"))
+        x, y, _, covariance, precision = random_conjugate_problem(num_data, dim, seed=seed)
+        pyro.clear_param_store()
+        pyro.set_rng_seed(seed)
+        model = linear_bnn(x)
+        if family == "lowrank":
+            guide = bbb.LowRankGuide(model, rank=dim + 1)
+            target = covariance.diagonal().sqrt()
+        else:
+            guide = bbb.MeanFieldGuide(model)
+            target = precision.diagonal().rsqrt()
+        bbb.fit(model, guide, x, y, seed=seed, progress=False, until="converged")
+        marginals = guide.marginals()
+        sd = torch.cat([marginals["0.weight"][1].reshape(-1), marginals["0.bias"][1]])
+        assert (sd / target - 1).abs().max() < 0.05, (size, seed, sd / target - 1)
