@@ -5,11 +5,19 @@ A fit of fixed length draws β's warm-up and the learning rate's decay over its 
 actually is, in four stages, each ended by what the record shows:
 
 1. ``"fit"``: β = 0, the likelihood alone, until the stage is done by the run's rule.
-2. ``"warmup"``: β rises linearly from 0 to 1 over half as many epochs as ``"fit"`` took.
-3. ``"train"``: β = 1 at the full rate until the stage is done by the run's rule.
+2. ``"warmup"``: β rises linearly from 0 to 1 over half as many epochs as ``"fit"`` took
+   (at least a tested stage's least length).
+3. ``"train"``: β = 1 at the full rate until the stage is done by the run's rule. Where
+   ``fit`` chose the rate (``lr`` not given, :mod:`~pyro_bbb.training.rates`) and the rule
+   reads scores, the stage does not end there the first time: it **halves the rate** and
+   goes on from its best average, and halves again each time a halved rate's phase beat the
+   best before it by the rule's tolerance, up to :data:`MAX_HALVINGS` times (Welandawe et
+   al. 2022, "Robust, Automated, and Accurate Black-box Variational Inference", halve the
+   rate where the iterates are stationary). A rate too high for a network to hold its fit
+   loses the fit here; a lower one is the remedy, not the end of the run.
 4. ``"decay"``: the rate falls as :math:`1/(1 + t/t_0)`
-   (:class:`~pyro_bbb.training.lr_schedules.InverseTimeDecay`) over a length the rule
-   sets, then the run ends.
+   (:class:`~pyro_bbb.training.lr_schedules.InverseTimeDecay`) from where the halvings
+   left it, to the rule's floor of ``lr``, over a length the rule sets, then the run ends.
 
 The rule (:mod:`~pyro_bbb.training.stopping`, ``fit(until=...)``) asks either whether
 further steps still pay (``"predictive"``, the default; it reads scores of the recent
@@ -107,6 +115,9 @@ class AutoEpochs:
             given back for the last stage.
         every: Score after every ``every``-th epoch (:mod:`~pyro_bbb.training.scoring`).
         gives_back: Whether the steps train without held-out rows until the last stage.
+        steps_given_back: Optimiser steps in an epoch of every row, held-out ones given
+            back (``None``: as ``steps_per_epoch``); the last stage's length keeps the run
+            within its budget of steps.
     """
 
     def __init__(
@@ -120,6 +131,7 @@ class AutoEpochs:
         scored: bool = False,
         every: int = 1,
         gives_back: bool = False,
+        steps_given_back: int | None = None,
         halves: bool = False,
     ) -> None:
         self.steps_per_epoch = check_int("steps_per_epoch", steps_per_epoch)
@@ -127,6 +139,7 @@ class AutoEpochs:
         self.rule = StopsPaying() if rule is None else rule
         self.scored, self.every = scored, check_int("every", every)
         self.gives_back = gives_back
+        self.steps_given_back = steps_given_back or steps_per_epoch
         least = math.ceil(self.rule.min_stage_steps / steps_per_epoch)
         if self.rule.reads_scores:
             least = max(least, MIN_FIT_SCORES * every)
@@ -336,7 +349,8 @@ class AutoEpochs:
             self.end = start
         if stage == "decay":
             length, floor = self.rule.decay_plan(history, self.starts["train"], start)
-            self.end = min(start + length, max(self.max_epochs, start + 1))
+            steps_left = (self.max_epochs - start) * self.steps_per_epoch
+            self.end = start + max(1, min(length, steps_left // self.steps_given_back))
             if self.decay:  # from the halved rate to the same floor of lr
                 floor = min(1.0, floor * 2 ** len(self.halvings))
                 self._decay = InverseTimeDecay(self.end, start=start / self.end, floor=floor)

@@ -331,6 +331,7 @@ def fit(
         epochs, max_steps, len(batches), beta, lr_schedule,
         until=until, scored=held_out is not None, every=score_every(len(batches)),
         gives_back=rows is not None, halves=lr is None,
+        steps_given_back=len(batches.every_row) if batches.every_row is not None else None,
     )  # fmt: skip
 
     # the objective, the parameters it creates, the optimiser, where the fit starts from
@@ -352,9 +353,10 @@ def fit(
         held_out=0 if held_out is None else len(held_out),
         until=None if epochs is not None else until,
     )  # fmt: skip
-    sample = SampleFit(
-        *batches.sample(SAMPLE_ROWS), num_data=batches.num_data, seed=order_seed or 0
-    )
+    sample = None  # what an automatic run scores; a fixed one reads no rows for it
+    if epochs is None:
+        rows_read = batches.sample(SAMPLE_ROWS)
+        sample = SampleFit(*rows_read, num_data=batches.num_data, seed=order_seed or 0)
     scores = Scores(params, sample, held_out)  # an automatic run's, of the recent iterates
     state = FitState(
         model, guide, named, params, optim, history, batches.seed, first, rates, scores.average

@@ -128,6 +128,7 @@ def run_length(
     scored: bool = False,
     every: int = 1,
     gives_back: bool = False,
+    steps_given_back: int | None = None,
     halves: bool = False,
 ) -> tuple[RunLength, Callable[[float], float], LRScheduleLike]:
     """The run's length, β's schedule and the learning-rate schedule of a fit.
@@ -145,6 +146,7 @@ def run_length(
         scored: Whether an automatic run scores held-out rows.
         every: Score after every ``every``-th epoch.
         gives_back: Whether rows are held out of the steps until the last stage.
+        steps_given_back: Steps in an epoch of every row, held-out ones included.
         halves: Whether an automatic run's full-rate stage halves its rate where it stops
             paying (``fit``'s ``lr`` left to it).
 
@@ -164,6 +166,7 @@ def run_length(
         scored=scored,
         every=every,
         gives_back=gives_back,
+        steps_given_back=steps_given_back,
         halves=halves and lr_schedule is None,
     )
     return length, length.beta, length.rate if lr_schedule is None else lr_schedule

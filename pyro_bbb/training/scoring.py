@@ -282,12 +282,13 @@ class Scores:
 
     Args:
         params: The trained parameters.
-        fit: The β = 1 ELBO's parts on a sample of training rows.
+        fit: The β = 1 ELBO's parts on a sample of training rows (``None`` in a fixed run,
+            which scores nothing).
         held_out: The held-out rows' score, or ``None`` when no rows are held out.
     """
 
     def __init__(
-        self, params: list[torch.Tensor], fit: SampleFit, held_out: HeldOutScore | None
+        self, params: list[torch.Tensor], fit: SampleFit | None, held_out: HeldOutScore | None
     ) -> None:
         self.average = IterateAverage(params)
         self.fit, self.held_out = fit, held_out

@@ -91,8 +91,6 @@ class Verdict(NamedTuple):
 class StopRule:
     """When a stage of an automatic run is done, and how its decay runs (see the module)."""
 
-    #: ``fit(until=...)``'s name for the rule.
-    name = ""
     #: Whether the rule reads the scores of :mod:`~pyro_bbb.training.scoring`.
     reads_scores = False
     #: Whether Adam's moments are zeroed where β reaches its final value.
@@ -134,7 +132,6 @@ class StopRule:
 class StopsPaying(StopRule):
     """``until="predictive"``: done when further steps stop paying (see the module)."""
 
-    name = "predictive"
     reads_scores = True
     resets_moments = False
     min_stage_steps = 400
@@ -169,7 +166,6 @@ class StopsPaying(StopRule):
 class Converges(StopRule):
     """``until="converged"``: done when the β = 1 loss and its KL part stopped moving."""
 
-    name = "converged"
     checks = 20
     #: The decay's longest length, in multiples of the run before it.
     max_decay_multiple = 4
@@ -258,7 +254,10 @@ def _loss_stopped_falling(history: History, start: int, end: int) -> Verdict:
 
 
 def _change(values: list[float]) -> float:
-    """The change across ``values`` of their least-squares line."""
+    """The change across ``values`` of their least-squares line: its slope times the span.
+
+    The line through ``0, 1, 2, 3`` changes by 3 over them (first reading to last).
+    """
     v = np.asarray(values, dtype=np.float64)
     t = np.arange(len(v)) - (len(v) - 1) / 2
-    return float(t @ (v - v.mean()) / (t @ t)) * len(v)
+    return float(t @ (v - v.mean()) / (t @ t)) * (len(v) - 1)

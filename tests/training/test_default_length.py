@@ -16,7 +16,7 @@ from pyro_bbb.infer import LinearWarmup
 from pyro_bbb.training.auto_epochs import AutoEpochs, budget_epochs
 from pyro_bbb.training.convergence import ConvergenceWarning
 from pyro_bbb.training.lr_schedules import InverseTimeDecay
-from pyro_bbb.training.scoring import IterateAverage
+from pyro_bbb.training.scoring import IterateAverage, SampleFit
 from pyro_bbb.training.stopping import StopsPaying
 
 from ..support import scaled
@@ -210,11 +210,50 @@ def test_a_validation_pair_is_scored_and_nothing_is_held_out():
     assert any(not math.isnan(v) for v in history.validation)
 
 
-def test_a_dataloader_runs_the_default_length_on_its_first_batch_scores():
+def test_a_dataloader_runs_the_default_length_on_its_first_batch_scores(monkeypatch):
+    # the scores read the loader's first batch (50 rows) and its stages end by the rule
     data, model, guide = _gap(200)
     loader = DataLoader(TensorDataset(data.x, data.y), batch_size=50, shuffle=True)
+    read = []
+    monkeypatch.setattr(SampleFit, "__init__", _recorded(SampleFit.__init__, read))
     history = bbb.fit(model, guide, loader, seed=0, progress=False, lr=0.05)
-    assert history.stopped and history.stage[0] == "fit"
+    assert [len(x) for x in read] == [50]
+    assert list(_starts(history)) == ["fit", "warmup", "train", "decay"]
+    assert history.steps[0] == 4 and history.stopped.startswith("ended when")
+    scored = [v for v in history.averaged_nll if not math.isnan(v)]
+    assert len(scored) >= 8 and all(math.isfinite(v) for v in scored)
+
+
+def test_a_fixed_run_reads_no_rows_for_scores_it_does_not_take(monkeypatch):
+    data, model, guide = _gap(200)
+    monkeypatch.setattr(SampleFit, "__init__", lambda *a, **k: pytest.fail("scored"))
+    loader = DataLoader(TensorDataset(data.x, data.y), batch_size=50, shuffle=True)
+    bbb.fit(model, guide, loader, epochs=2, seed=0, progress=False)
+
+
+def test_rows_given_back_for_the_decay_keep_the_run_within_max_steps():
+    # 160 of 200 rows train until the decay (4 steps an epoch at batch 40), then all 200
+    # (5 steps): the decay's epochs are counted in the steps they take
+    ends = []
+    for max_steps in (400, 600, 800):
+        data, model, guide = _gap(200)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ConvergenceWarning)
+            history = bbb.fit(model, guide, data.x, data.y, batch_size=40, lr=0.05, seed=0,
+                              validation=0.2, max_steps=max_steps, progress=False)  # fmt: skip
+        decay = history.stage.index("decay")
+        assert history.steps[decay] - history.steps[decay - 1] == 5
+        assert history.steps[-1] <= max_steps
+        ends.append(max_steps - history.steps[-1])
+    assert min(ends) < 5  # the budget, not the decay's plan, ended one of them
+
+
+def _recorded(init, read):
+    def recording(self, x, y, **options):
+        read.append(x)
+        init(self, x, y, **options)
+
+    return recording
 
 
 @pytest.mark.parametrize(("num_data", "batch_size"), [(60_000, 64), (60_000, 128), (10, None)])

@@ -19,6 +19,7 @@ from pyro_bbb.training.stopping import (
     TOLERANCE,
     Converges,
     StopsPaying,
+    _change,
 )
 
 from ..problems import linear_bnn, random_conjugate_problem
@@ -122,11 +123,27 @@ def test_a_long_stage_is_not_judged_every_epoch_and_the_strict_rule_less_often()
 
 
 @pytest.mark.parametrize("rule", [StopsPaying(), Converges()])
-def test_a_rule_is_a_function_of_the_history_alone(rule):
-    values = list(np.linspace(3.0, 2.0, 40))
-    history = _history(nll=values, validation=values, plain=[100 * v for v in values])
-    first = rule.judge(history, "train", 0, 40, True)
-    assert rule.judge(history, "train", 0, 40, True) == first
+def test_a_rule_reads_the_stage_it_is_asked_of_and_nothing_else(rule):
+    # the verdict on epochs 20-59 is that of their record alone: what came before or after
+    # them does not move it, and a record that differs inside them does
+    rng = np.random.default_rng(0)
+    inside = list(np.linspace(3.0, 2.9, 40) + rng.normal(0, 0.001, 40))
+
+    def verdict(before, after, stage=inside):
+        values = [*before, *stage, *after]
+        history = _history(nll=values, validation=values, plain=[100 * v for v in values])
+        history.kl = list(rng.normal(5.0, 0.01, len(values)))  # the strict rule's KL
+        history.kl[20:60] = [5.0] * 40
+        return rule.judge(history, "train", 20, 60, True)
+
+    first = verdict([9.0] * 20, [])
+    assert verdict(list(np.linspace(0.0, 1.0, 20)), [7.0] * 30) == first
+    assert verdict([9.0] * 20, [], [5.0 - v for v in inside]) != first
+
+
+def test_a_line_changes_by_its_slope_times_its_span():
+    assert _change([0.0, 1.0, 2.0, 3.0]) == pytest.approx(3.0)
+    assert _change([5.0, 4.0]) == pytest.approx(-1.0)
 
 
 def test_the_strict_rules_decay_may_take_four_times_the_run_before_it():
