@@ -33,7 +33,8 @@ class UCIConfig:
             the BNN's β warm-up itself: ``hold`` and ``warmup`` are then not used).
         batch_size: Minibatch size; ``None`` (the default) trains on the full batch, one step
             per epoch.
-        lr: Adam learning rate.
+        lr: Adam learning rate; ``None`` (the default) for ``fit``'s own (0.01 for these
+            networks, halved by an automatic run where it stops paying).
         guide: The BNN's guide, ``"meanfield"`` or ``"lowrank"``.
         rank: Rank of the low-rank guide (one block per layer).
         reparam: Gradient estimator of the BNN: ``None``, ``"local"`` or ``"flipout"``.
@@ -57,7 +58,7 @@ class UCIConfig:
 
     epochs: int | None = 2000
     batch_size: int | None = None
-    lr: float = 1e-2
+    lr: float | None = None
     guide: Literal["meanfield", "lowrank"] = "meanfield"
     rank: int = 2
     reparam: str | None = "local"
@@ -86,7 +87,9 @@ class UCIConfig:
         check_int("n_hidden", self.n_hidden, optional=True)
         check_choice("guide", self.guide, ("meanfield", "lowrank"))
         check_choice("reparam", self.reparam, estimator_names())
-        for name in ("lr", "init_scale", "warmup", "noise_init"):
+        if self.lr is not None:
+            check_positive_number("lr", self.lr)
+        for name in ("init_scale", "warmup", "noise_init"):
             check_positive_number(name, getattr(self, name))
         check_nonnegative_number("beta", self.beta)
         check_nonnegative_number("hold", self.hold)

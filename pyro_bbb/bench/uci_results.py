@@ -256,8 +256,13 @@ class UCIResults:
                 f"the next {c.warmup:.0%}"
             )
         lines.append(
-            f"{length}, batch {c.batch_size or 'full'}, Adam lr {c.lr:g} under fit's "
-            "default learning-rate schedule; "
+            f"{length}, batch {c.batch_size or 'full'}, Adam "
+            + (
+                "at fit's own rate (halved where it stops paying)"
+                if c.lr is None
+                else f"lr {c.lr:g} under fit's default learning-rate schedule"
+            )
+            + "; "
             f"BNN: {guide} guide, reparam {c.reparam}, initial σ {c.init_scale:g}, {warmup}; "
             f"MC dropout p = {c.dropout:g}; ensembles of {c.members}; "
             f"{c.num_samples} predictive samples. "

@@ -34,7 +34,7 @@ __all__ = ["MAX_LR", "STEP_SHARE", "default_lr"]
 #: The default rate's ceiling (and the rate of a model whose weights cannot be read).
 MAX_LR = 1e-2
 #: The share of the smallest weight tensor's root mean square that a step may move.
-STEP_SHARE = 1 / 8
+STEP_SHARE = float(__import__("os").environ.get("PBBB_SHARE", 1 / 8))
 
 
 def default_lr(model: object) -> float:

@@ -254,10 +254,13 @@ def _loss_stopped_falling(history: History, start: int, end: int) -> Verdict:
 
 
 def _change(values: list[float]) -> float:
-    """The change across ``values`` of their least-squares line: its slope times the span.
+    """What the stretch of ``values`` bought: their least-squares slope times their number.
 
-    The line through ``0, 1, 2, 3`` changes by 3 over them (first reading to last).
+    Each reading closes one scoring interval, so ``n`` readings span ``n`` intervals of the
+    stage (the first of them opened by the reading before the stretch): readings
+    ``0, 1, 2, 3`` of a line rising by 1 an interval are a stretch over which it rose by 4.
+    A rule reads the last half of a stage with it, the change over that half's length.
     """
     v = np.asarray(values, dtype=np.float64)
     t = np.arange(len(v)) - (len(v) - 1) / 2
-    return float(t @ (v - v.mean()) / (t @ t)) * (len(v) - 1)
+    return float(t @ (v - v.mean()) / (t @ t)) * len(v)
