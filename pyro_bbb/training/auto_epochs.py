@@ -286,11 +286,22 @@ class AutoEpochs:
             return False
         if done >= _TRAIN_CAP * self.max_epochs:
             return False
-        if not self.halvings:
-            return True
+        return not self.halvings or self._phase_paid(history, start, done)
+
+    def _phase_paid(self, history: History, start: int, end: int) -> bool:
+        """Whether the phase of epochs ``start`` to ``end - 1`` beat the stage's best before it."""
         fit = self._fit_scores(history)
-        before, now = _best(fit[self.starts["train"] : start]), _best(fit[start:done])
-        return now >= before + TOLERANCE
+        return _best(fit[start:end]) >= _best(fit[self.starts["train"] : start]) + TOLERANCE
+
+    def _unpaid_phase(self, history: History, start: int) -> int:
+        """The epochs of a last, halved phase (ended at ``start``) whose halving did not pay.
+
+        0 where there was no halving, the most halvings were reached, or the last one paid.
+        """
+        if not self.halvings or len(self.halvings) >= MAX_HALVINGS:
+            return 0
+        last = self.halvings[-1]
+        return 0 if self._phase_paid(history, last, start) else start - last
 
     def _fit_scores(self, history: History) -> list[float]:
         """What the rule reads of the full-rate stage: the held-out or the training fit."""
@@ -349,6 +360,11 @@ class AutoEpochs:
             self.end = start
         if stage == "decay":
             length, floor = self.rule.decay_plan(history, self.starts["train"], start)
+            tried = self._unpaid_phase(history, start)
+            if tried:  # the halved phase that did not pay is the start of the low-rate tail
+                length = max(
+                    1, self.rule.decay_plan(history, self.starts["train"], start - tried)[0] - tried
+                )
             steps_left = (self.max_epochs - start) * self.steps_per_epoch
             self.end = start + max(1, min(length, steps_left // self.steps_given_back))
             if self.decay:  # from the halved rate to the same floor of lr
@@ -420,7 +436,8 @@ class AutoEpochs:
             return f"ended when {ended}"
         rows = "on every row, the held-out ones given back" if self.gives_back else "on every row"
         rate = "the rate decayed" if self._decay is not None else "it trained on"
-        return f"ended when {ended}; then {rate} over {last:,} epochs {rows}"
+        epochs = "epoch" if last == 1 else "epochs"
+        return f"ended when {ended}; then {rate} over {last:,} {epochs} {rows}"
 
     def _best_epoch(self, history: History, train: int, after: int) -> int | None:
         """The epoch whose average scored best in the full-rate stage, where it is kept."""

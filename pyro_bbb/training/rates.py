@@ -10,11 +10,11 @@ size 0.02 (a unit reading the 784 pixels of an image, under torch's default init
 Monte Carlo noise drives the means, and reaches a test error five points worse than at
 ``lr=1e-3``. The default rate is therefore
 
-.. math:: \text{lr} = \min\Big(0.01,\; \tfrac18\, \mathrm{rms}(W)\Big),
+.. math:: \text{lr} = \min\Big(0.01,\; \tfrac1{16}\, \mathrm{rms}(W)\Big),
 
 with :math:`W` the initial value of the network's largest Bayesian weight tensor (two or more
 dimensions: a matrix or kernel; the one that holds most of the weights): a step moves a
-typical weight by at most an eighth of its size. Networks of small fan-in (the
+typical weight by at most a sixteenth of its size. Networks of small fan-in (the
 1-50-50-1 regression, UCI's one hidden layer of 50) keep 0.01; 784-400-400-10 starts at
 2.6e-3, a LeNet-5 at 3.6e-3. An automatic run then halves it where the fit stops improving
 (:mod:`~pyro_bbb.training.auto_epochs`). A model with no Bayesian weight tensor to read
@@ -34,7 +34,7 @@ __all__ = ["MAX_LR", "STEP_SHARE", "default_lr"]
 #: The default rate's ceiling (and the rate of a model whose weights cannot be read).
 MAX_LR = 1e-2
 #: The share of the smallest weight tensor's root mean square that a step may move.
-STEP_SHARE = float(__import__("os").environ.get("PBBB_SHARE", 1 / 8))
+STEP_SHARE = 1 / 16
 
 
 def default_lr(model: object) -> float:
@@ -44,7 +44,7 @@ def default_lr(model: object) -> float:
         model: The model ``fit`` trains (a :class:`~pyro_bbb.BNN`, or any model).
 
     Returns:
-        :math:`\min(0.01, \frac18 \mathrm{rms}(W))`, :math:`W` the initial value of the
+        :math:`\min(0.01, \frac1{16} \mathrm{rms}(W))`, :math:`W` the initial value of the
         model's largest Bayesian weight tensor; 0.01 where it has none (or it is all
         zeros).
     """

@@ -15,7 +15,7 @@ from pyro_bbb.training.auto_epochs import MAX_HALVINGS
 from pyro_bbb.training.convergence import ConvergenceWarning
 from pyro_bbb.training.rates import MAX_LR, default_lr
 from pyro_bbb.training.scoring import IterateAverage
-from pyro_bbb.training.stopping import DECAY_FLOOR, TOLERANCE, StopsPaying
+from pyro_bbb.training.stopping import DECAY_FLOOR, DECAY_SHARE, TOLERANCE, StopsPaying
 
 from .test_auto_epochs import _record, _StopAt
 from .test_default_length import _gap, _params, _starts
@@ -77,6 +77,12 @@ def test_the_full_rate_stage_halves_its_rate_while_halving_pays(halved):
         assert gained >= TOLERANCE or k == len(phases) - 2
     if len(halvings) < MAX_HALVINGS:
         assert best(halvings[-1], decay) - best(train, halvings[-1]) < TOLERANCE
+        # that last phase ran at a lower rate already: it is the first part of the low-rate
+        # tail, three sevenths of the run before it
+        tail = math.ceil(DECAY_SHARE * halvings[-1])
+        assert len(history) - decay == max(1, tail - (decay - halvings[-1]))
+    else:
+        assert len(history) - decay == math.ceil(DECAY_SHARE * decay)
     # the decay starts at the halved rate and falls to the same floor of the start rate
     assert history.lr[decay - 1] == history.lr[halvings[-1]]
     assert history.lr[-1] == pytest.approx(DECAY_FLOOR * _START, rel=0.05)
@@ -115,16 +121,17 @@ def _net(sizes):
     return bbb.BNN(bbb.mlp(sizes), bbb.likelihoods.Gaussian(), num_data=10)
 
 
-def test_the_default_rate_is_an_eighth_of_the_largest_weight_tensors_size():
+def test_the_default_rate_is_a_sixteenth_of_the_largest_weight_tensors_size():
     torch.manual_seed(0)
     # torch's default initialisation: U(+-1/sqrt(fan_in)), root mean square 1/sqrt(3 fan_in)
     wide = default_lr(_net([784, 400, 400, 10]))  # the 400 x 784 matrix holds most weights
-    assert wide == pytest.approx(1 / (8 * math.sqrt(3 * 784)), rel=0.01)
+    assert wide == pytest.approx(1 / (16 * math.sqrt(3 * 784)), rel=0.01)
     assert default_lr(_net([784, 1200, 1200, 10])) == pytest.approx(
-        1 / (8 * math.sqrt(3 * 1200)), rel=0.01
+        1 / (16 * math.sqrt(3 * 1200)), rel=0.01
     )
-    # a network of small fan-in keeps the ceiling
-    assert default_lr(_net([1, 50, 50, 1])) == default_lr(_net([13, 50, 1])) == MAX_LR
+    # a network of small fan-in keeps the ceiling; 50 x 50 tanh units take half of it
+    assert default_lr(_net([6, 50, 1])) == default_lr(_net([4, 100, 1])) == MAX_LR
+    assert default_lr(_net([1, 50, 50, 1])) == pytest.approx(1 / (16 * math.sqrt(150)), rel=0.03)
     # trained weights of another size move the rate with them
     net = bbb.mlp([784, 400, 10])
     with torch.no_grad():
