@@ -17,7 +17,7 @@ net = pyro_bbb.mlp([1, 50, 50, 1], activation="tanh", prior=prior)  # sites "0.w
 model = pyro_bbb.BNN(net, pyro_bbb.likelihoods.Gaussian(), num_data=len(x))  # learned noise
 guide = pyro_bbb.MeanFieldGuide(model, init_scale=0.01)
 history = pyro_bbb.fit(  # reparam=None (the default) samples the weights
-    model, guide, x, y, batch_size=100, beta=pyro_bbb.infer.LinearWarmup(20), seed=0
+    model, guide, x, y, batch_size=100, seed=0
 )
 print(
     f"loss {history.loss[-1]:.1f}  nll {history.nll[-1]:.1f}  kl {history.kl[-1]:.1f}  "

@@ -162,7 +162,13 @@ def fit(
             fifty epochs; the table in ``docs/concepts.md`` has what it cost and bought.
         batch_size: Minibatch size ``B`` per process; ``None`` for the full batch (the
             process's whole share of the data).
-        lr: Learning rate of the default Adam optimiser.
+        lr: Learning rate of the default Adam optimiser (or of an ``optimizer`` class),
+            followed as given. ``None`` (the default) lets ``fit`` choose it: a sixteenth of
+            the root mean square of the network's largest weight tensor, at most 0.01
+            (:func:`~pyro_bbb.training.rates.default_lr`; Adam moves every weight by about
+            the rate a step), and an automatic run halves it, from its best average, where
+            its full-rate stage stops paying and while halving pays
+            (:mod:`~pyro_bbb.training.auto_epochs`).
         optimizer: A ``torch.optim.Optimizer`` class (built with ``lr``) or a function from the
             parameter list to an optimiser. Defaults to ``torch.optim.Adam`` with its fused
             implementation (same algorithm, one kernel over all tensors) where the
