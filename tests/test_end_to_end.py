@@ -71,7 +71,8 @@ def tempered_bnn(split, epochs, seed):
         epochs=epochs,
         batch_size=128,
         beta=LinearWarmup(epochs / 5, end=0.1),
-        lr_schedule=1.0,  # as benchmarks/digits.py: the constant rate docs/benchmarks.md used
+        lr=0.01,  # as benchmarks/digits.py: the constant rate docs/benchmarks.md used
+        lr_schedule=1.0,
         reparam="local",
         seed=seed,
         progress=False,

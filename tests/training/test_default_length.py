@@ -278,9 +278,10 @@ def test_the_progress_bar_shows_the_stage_and_why_the_run_ended(capsys):
 @pytest.mark.slow
 def test_the_default_fit_of_a_small_network_is_as_good_as_the_best_fixed_length():
     # 600 points of the gap problem, a 1-50-50-1 tanh MLP, learned noise: the default's
-    # test log-likelihood at least the best of fixed 1,000-, 3,000- and 10,000-epoch fits
-    # less 0.05 (measured: 0.26-0.31 against 0.11-0.18 on seeds 0-3, in 4,600-5,500 epochs;
-    # docs/concepts.md); the short form against 3,000 epochs on one seed
+    # test log-likelihood beats the best of fixed 1,000-, 3,000- and 10,000-epoch fits by
+    # 0.1 and reaches 0.45 (measured at fit's own rate: 0.52-0.54 on seeds 0-3, in
+    # 6,500-8,800 epochs, against 0.28-0.36 at the old rate of 0.01 and 0.27 for 3,000 fixed
+    # epochs on seed 0; docs/concepts.md); the short form against 3,000 epochs on one seed
     lengths = (1000, 3000, 10000) if scaled(0, 1) else (3000,)
     for seed in range(scaled(1, 4)):
         train, test = gap_regression(600, 0.1, seed), gap_regression(2000, 0.1, 1000 + seed)
@@ -298,5 +299,5 @@ def test_the_default_fit_of_a_small_network_is_as_good_as_the_best_fixed_length(
             pred = bbb.predict(model, guide, test.x, num_samples=200, seed=0)
             scores[epochs] = (pred.log_likelihood(test.y), len(history))
         best = max(ll for epochs, (ll, _) in scores.items() if epochs is not None)
-        assert scores[None][0] >= best - 0.05, (seed, scores)
-        assert scores[None][1] <= 8000, (seed, scores)
+        assert scores[None][0] >= max(best + 0.1, 0.45), (seed, scores)
+        assert scores[None][1] <= 10_000, (seed, scores)
