@@ -128,7 +128,9 @@ def fit(
     (:mod:`~pyro_bbb.training.auto_epochs`, :mod:`~pyro_bbb.training.stopping`): β = 0
     while fitting the likelihood still lowers the β = 1 loss, a warm-up over half that
     time, the full rate while the fit to the data (or the held-out rows' log-likelihood)
-    still improves, then the rate's decay over three sevenths of the run before it. Its
+    still improves, then, where ``fit`` chose the rate, the rate halved (from the best
+    average so far) while halving still pays, then the rate's decay over three sevenths of
+    the run before it. Its
     scores are read every few epochs from the average of the recent iterates
     (:mod:`~pyro_bbb.training.scoring`), without touching the steps' random numbers.
     ``History.stage`` records each epoch's stage and ``History.stopped`` why the run ended.
