@@ -397,7 +397,7 @@ class AutoEpochs:
             if stage not in self.starts:
                 self.starts[stage] = epoch
                 self._place(stage, _first(history, epoch))
-            elif self.halves and history.lr[epoch] < 0.75 * history.lr[epoch - 1]:
+            elif self.halves and stage == "train" and _lowered(history.lr, epoch):
                 self.halvings.append(epoch)  # in "train", only a halving lowers the rate
         self.after_epoch(history, None)
 
@@ -476,6 +476,11 @@ class AutoEpochs:
             return check_convergence(history)
         first = min(after - (after - train) // 2, after - MIN_WINDOW)
         return check_epochs(history, first, after - 1)
+
+
+def _lowered(rates: list[float], epoch: int) -> bool:
+    """Whether epoch ``epoch``'s rate fell by more than a quarter from the epoch before."""
+    return rates[epoch] < 0.75 * rates[epoch - 1]
 
 
 def _best(scores: list[float]) -> float:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 import warnings
 
@@ -11,7 +12,7 @@ import torch
 
 import pyro_bbb as bbb
 from pyro_bbb.training import loop
-from pyro_bbb.training.auto_epochs import MAX_HALVINGS
+from pyro_bbb.training.auto_epochs import MAX_HALVINGS, AutoEpochs, budget_epochs
 from pyro_bbb.training.convergence import ConvergenceWarning
 from pyro_bbb.training.rates import MAX_LR, default_lr
 from pyro_bbb.training.scoring import IterateAverage
@@ -99,14 +100,30 @@ def test_the_average_restarts_with_each_halving(halved):
         assert read and (read[0] + 1 - epoch) % 10 == 0 and read[0] > epoch
 
 
-def test_a_resumed_fit_halves_where_the_uninterrupted_one_did(tmp_path, monkeypatch, halved):
+@pytest.mark.parametrize("where", ["halved", "decay"])
+def test_a_resumed_fit_halves_where_the_uninterrupted_one_did(tmp_path, monkeypatch, halved, where):
+    # inside the first halved phase, or in the decay, whose falling rate is no halving
     whole, params, _ = halved
-    stop = _halvings(whole)[0] + 15  # inside the first halved phase
+    decay = _starts(whole)["decay"]
+    stop = _halvings(whole)[0] + 15 if where == "halved" else decay + (len(whole) - decay) // 2
     path = tmp_path / "halved.pt"
     _fit(monkeypatch, checkpoint=path, callbacks=[_StopAt(stop)])
     resumed = _fit(monkeypatch, resume=path)
     assert _record(resumed) == _record(whole) and resumed.stopped == whole.stopped
     assert all(torch.equal(value, params[name]) for name, value in _params().items())
+
+
+def test_a_restored_run_reads_halvings_in_the_full_rate_stage_alone(halved):
+    # the decay lowers the rate every epoch, by more than a quarter early on a large data
+    # set's run: a resumed run must not read those falls as halvings
+    whole, _, _ = halved
+    history = copy.deepcopy(whole)
+    decay = _starts(history)["decay"]
+    for epoch in range(decay, len(history)):
+        history.lr[epoch] = history.lr[decay - 1] * 0.5 ** (epoch - decay + 1)
+    length = AutoEpochs(1, budget_epochs(None, 1), beta=None, decay=True, halves=True)
+    length.restore(history)
+    assert length.halvings == _halvings(whole)
 
 
 def test_a_rate_given_is_followed_as_given(monkeypatch):
