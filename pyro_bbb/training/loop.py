@@ -338,7 +338,7 @@ def fit(
     length, schedule, lr_schedule = run_length(
         epochs, max_steps, len(batches), beta, lr_schedule,
         until=until, scored=held_out is not None, every=score_every(len(batches)),
-        gives_back=rows is not None, halves=lr is None,
+        gives_back=rows is not None, halves=_rate_is_fits(lr, optimizer),
         steps_given_back=len(batches.every_row) if batches.every_row is not None else None,
     )  # fmt: skip
 
@@ -427,6 +427,15 @@ def fit(
 
 
 # ----------------------------------------------------------------------------- the parts
+def _rate_is_fits(lr: float | None, optimizer: OptimizerSpec | None) -> bool:
+    """Whether ``fit`` chose the rate: no ``lr``, and no optimiser built by the user's function.
+
+    An optimiser class is built with ``fit``'s rate; a function sets its own, followed as
+    given (an automatic run halves only a rate of ``fit``'s).
+    """
+    return lr is None and (optimizer is None or isinstance(optimizer, type))
+
+
 def _stamp(guide: object, until: str | None) -> None:
     """Leave on the guide how its last fit ended (``History.until``), as ``guide.fit_until``.
 

@@ -134,6 +134,16 @@ def test_a_rate_given_is_followed_as_given(monkeypatch):
     assert set(history.lr[:decay]) == {0.05}
 
 
+def test_an_optimiser_of_the_users_own_keeps_its_rate(monkeypatch):
+    # a function builds the optimiser with its own rate: fit neither sets nor halves it
+    data, model, guide = _gap()
+    monkeypatch.setattr(StopsPaying, "min_stage_steps", 100)
+    history = bbb.fit(model, guide, data.x, data.y, seed=0, progress=False,
+                      optimizer=lambda params: torch.optim.Adam(params, lr=0.05))  # fmt: skip
+    decay = history.stage.index("decay")
+    assert set(history.lr[:decay]) == {0.05}
+
+
 def _net(sizes):
     return bbb.BNN(bbb.mlp(sizes), bbb.likelihoods.Gaussian(), num_data=10)
 
