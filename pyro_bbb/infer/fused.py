@@ -7,7 +7,8 @@ every ``pyro.param`` and ``pyro.sample`` statement goes through Pyro's handler s
 copied into a trace and looked up again.
 
 For the case this package builds, a :class:`~pyro_bbb.BNN` whose Bayesian parameters all sit
-in :class:`~pyro_bbb.nn.layers.BayesianAffine` layers, trained with
+in its Bayesian layers (:class:`~pyro_bbb.nn.layers.BayesianAffine`, or any module made Bayesian
+by :func:`~pyro_bbb.bayesianize`: an LSTM, a BatchNorm, an attention block), trained with
 :class:`~pyro_bbb.MeanFieldGuide` or :class:`~pyro_bbb.LowRankGuide` (or an
 :class:`~pyro_bbb.infer.Ensemble` of either's members), :class:`FusedELBO` computes the
 same :class:`~pyro_bbb.infer.elbo.ELBOTerms` directly:
@@ -18,7 +19,8 @@ same :class:`~pyro_bbb.infer.elbo.ELBOTerms` directly:
   ``PyroSample`` reads before it would issue a ``pyro.sample`` statement, so the network's
   own ``forward`` runs;
 * local reparameterisation and flipout apply the same arithmetic as their handlers
-  (:func:`~pyro_bbb.infer.reparam.local_affine`, :func:`~pyro_bbb.infer.reparam.flipout_affine`);
+  (:func:`~pyro_bbb.infer.reparam.local_affine`, :func:`~pyro_bbb.infer.reparam.flipout_affine`),
+  on networks whose Bayesian layers are all affine (the traced path takes the others);
 * every KL term is the one the traced ELBO takes: closed form where it has one (a Gaussian
   prior, :mod:`~pyro_bbb.infer.kl`), :math:`\log q(w) - \log p(w)` otherwise (the scale
   mixture), β times the sum, the likelihood scaled by :math:`N/B`;
@@ -29,7 +31,8 @@ same :class:`~pyro_bbb.infer.elbo.ELBOTerms` directly:
 
 :func:`fused_elbo` returns ``None`` for anything else (another model or guide, Pyro's
 autoguides, an ensemble of point-mass members, a network with sample sites outside
-Bayesian layers, a prior tied to other sites, module-local parameters), and the traced path
+Bayesian layers, ``"local"`` or ``"flipout"`` on a network with Bayesian layers other than
+affine ones, a prior tied to other sites, module-local parameters), and the traced path
 stays the one for those. ``fit`` also compares the sites of one traced
 evaluation with the fused one before using it (a network whose ``forward`` issues sample
 statements of its own is then declined). The two paths are kept in step by a test that
@@ -56,7 +59,7 @@ from .._shapes import sample_dims_of
 from ..likelihoods import Bernoulli, Categorical, Gaussian
 from ..model import BNN
 from ..nn.affine import AffineMap
-from ..nn.layers import BayesianAffine
+from ..nn.layers import BayesianAffine, BayesianLayer
 from ._low_rank_block import LowRankBlock, cholesky
 from .elbo import AnnealedELBO, ELBOTerms
 from .ensemble import Ensemble
@@ -82,7 +85,7 @@ class _Site:
     """A Bayesian parameter of the network: its layer, and its place in the guide."""
 
     name: str
-    layer: BayesianAffine
+    layer: BayesianLayer
     param: str  # "weight" or "bias"
     shape: torch.Size
 
@@ -97,13 +100,15 @@ class _Site:
 def _network_sites(model: BNN) -> dict[str, _Site] | None:
     """The Bayesian parameters of the model's network by site name, or ``None``.
 
-    ``None`` when a module other than a ``BayesianAffine`` has sample sites, or a prior is
-    tied to other sites (a block from ``from_guide``): the traced path handles those.
+    ``None`` when a module other than a Bayesian layer (an affine one or any module made
+    Bayesian, :class:`~pyro_bbb.nn.module_layer.BayesianModule`) has sample sites, or a
+    prior is tied to other sites (a block from ``from_guide``): the traced path handles
+    those.
     """
     sites = {}
     for module in model.net.modules():
         samples = sample_attributes(module)
-        if not isinstance(module, BayesianAffine):
+        if not isinstance(module, BayesianLayer):
             if samples:
                 return None
             continue
@@ -154,6 +159,8 @@ def fused_elbo(
     sites = _network_sites(model)
     if sites is None:
         return None
+    if reparam is not None and not all(isinstance(s.layer, BayesianAffine) for s in sites.values()):
+        return None  # the estimators sample affine layers' pre-activations only
     guide_sites = (
         list(guide._event_dims)
         if isinstance(guide, MeanFieldGuide)

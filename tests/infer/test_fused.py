@@ -19,9 +19,11 @@ from torch import nn
 import pyro_bbb.training.loop as training
 from pyro_bbb import BNN, Callback, LowRankGuide, MeanFieldGuide, bayesianize, fit, likelihoods, mlp
 from pyro_bbb.infer import AnnealedELBO, Ensemble
-from pyro_bbb.infer.fused import fused_elbo
+from pyro_bbb.infer.fused import FusedELBO, fused_elbo
 from pyro_bbb.infer.reparam import estimator
 from pyro_bbb.priors import FanInGaussian, Gaussian, ScaleMixture, from_guide
+
+from ..support import user_networks
 
 N, B = 40, 10
 
@@ -184,6 +186,54 @@ def test_fused_terms_equal_the_traced_elbo_with_a_deterministic_parameter_and_fu
     _compare(model, LowRankGuide(model, rank=1), x, y, None)
 
 
+def _user_network(name):
+    """A network of ``examples/user_networks.py`` (modules made Bayesian whole), its data."""
+    g = torch.Generator().manual_seed(2)
+    if name == "resnet":  # convolutions, BatchNorm in training mode, a downsample branch
+        net, x = user_networks.ResNet(width=4, num_classes=3), torch.randn(B, 3, 8, 8, generator=g)
+    elif name == "lstm":
+        net, x = user_networks.Recurrent(nn.LSTM, hidden=5), torch.randn(B, 4, 3, generator=g)
+    elif name == "gru":
+        net, x = user_networks.Recurrent(nn.GRU, hidden=5), torch.randn(B, 4, 3, generator=g)
+    else:  # Embedding, LayerNorm, attention whose forward reads out_proj.weight itself
+        net, x = user_networks.TokenTransformer(vocab=12, d_model=8), torch.randint(0, 12, (B, 4))
+    if name in ("lstm", "gru"):
+        return net, x, torch.randn(B, generator=g), likelihoods.Gaussian()
+    return net, x, torch.randint(0, 3, (B,), generator=g), likelihoods.Categorical()
+
+
+@pytest.mark.parametrize(
+    ("name", "guide"),
+    [
+        *((name, guide) for name in ("resnet", "lstm", "gru") for guide in GUIDES),
+        ("resnet", "ensemble"),
+        ("lstm", "ensemble"),
+        ("transformer", "mean_field"),
+    ],
+)
+def test_fused_terms_equal_the_traced_elbo_on_networks_as_users_write_them(name, guide):
+    torch.manual_seed(0)
+    net, x, y, likelihood = _user_network(name)
+    model = BNN(bayesianize(net), likelihood, num_data=N)
+    if guide == "ensemble":
+        q = Ensemble(model, lambda m: MeanFieldGuide(m, init_scale=0.1), k=2)
+    else:
+        q = GUIDES[guide](model)
+    for particles in (1, 2):
+        _compare(model, q, x, y, None, num_particles=particles)
+
+
+@pytest.mark.parametrize("reparam", ["local", "flipout"])
+def test_the_estimators_leave_a_network_with_other_bayesian_modules_to_the_traced_path(reparam):
+    torch.manual_seed(0)
+    net, x, y, likelihood = _user_network("lstm")
+    model = BNN(bayesianize(net), likelihood, num_data=N)
+    guide = MeanFieldGuide(model)
+    elbo, _ = _set_up(model, guide, x, y)
+    assert fused_elbo(model, guide, elbo, None) is not None
+    assert fused_elbo(model, guide, elbo, reparam) is None
+
+
 # --- where the fused path is not taken ------------------------------------------------------
 
 
@@ -313,6 +363,32 @@ def test_fit_gives_the_same_history_and_parameters_fused_or_traced(monkeypatch, 
         )
     for name, value in traced_params.items():
         torch.testing.assert_close(fused_params[name], value, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["resnet", "lstm"])
+def test_fit_on_a_network_as_users_write_it_is_the_same_fused_or_traced(monkeypatch, name):
+    def train():
+        pyro.clear_param_store()
+        torch.manual_seed(0)
+        net, x, y, likelihood = _user_network(name)
+        model = BNN(bayesianize(net), likelihood, num_data=B)
+        q = MeanFieldGuide(model)
+        history = fit(model, q, x, y, epochs=3, batch_size=5, seed=4, progress=False)
+        return history, {name: p.detach().clone() for name, p in q.named_parameters()}
+
+    fused_steps = []
+    terms = FusedELBO.terms
+    monkeypatch.setattr(FusedELBO, "terms", lambda *a, **k: fused_steps.append(1) or terms(*a, **k))
+    fused_history, fused_params = train()
+    assert len(fused_steps) >= 6  # fit took the fused path for every step
+    _traced_only(monkeypatch)
+    traced_history, traced_params = train()
+    for field in ("loss", "nll", "kl"):
+        assert getattr(fused_history, field) == pytest.approx(
+            getattr(traced_history, field), rel=1e-4
+        )
+    for key, value in traced_params.items():
+        torch.testing.assert_close(fused_params[key], value, rtol=1e-4, atol=1e-5)
 
 
 # --- validation: once per fit -------------------------------------------------------------------
