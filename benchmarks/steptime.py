@@ -48,12 +48,18 @@ blocks of 64 KiB or more to the OS at once, so the resident set follows the live
 Nets: ``small`` 1-50-50-1 regression (N=1000, batch 100); ``large`` 784-400-400-10
 classification (N=60000, batch 128); with ``--throughput``: ``wide`` 784-1200-1200-10
 (batch 1024) and ``conv``, a small ConvNet on 28x28 images (batch 256), in examples/s.
-Networks as users write them (``--nets resnet,lstm``): ``resnet``, torchvision's ResNet
-narrowed to two stages of one ``BasicBlock`` and 16 channels, on 32x32 images (batch 128),
-and ``lstm``, an ``nn.LSTM`` read at ``out[:, -1]`` (batch 128 sequences of 20 steps).
-There the reference is the deterministic network's own training step (the same loss with
-the weights as point estimates, fused Adam), as no hand-written BBB loop covers them; the
-``Ensemble(k=2)`` row is two weight draws a step, run once per draw around the network.
+Networks as users write them (``--nets resnet,lstm``): ``resnet``, torchvision's ResNet-18
+(its 7x7 stem, max-pool and four stages of two ``BasicBlock``) at 16 to 128 channels, on 32x32
+images (batch 64; 703,386 parameters in 62 tensors, BatchNorm's included), and ``lstm``, an
+``nn.LSTM(8, 32)`` read at ``out[:, -1]`` (batch 64 sequences of 32 steps). There the
+reference is the deterministic network's own training step (the same loss with the weights
+as point estimates, fused Adam). Beside it: a hand-written Bayes by Backprop step over every
+parameter of the same network (μ and ρ per tensor, each drawn and passed in through
+``torch.func.functional_call``, the closed-form KL to N(0, 1), fused Adam), the naive step a
+user would write; bayesian-torch's ``dnn_to_bnn`` on the same network when that package is
+installed (``pip install --no-deps bayesian-torch``: its convolutions, linear layers and LSTMs
+made Bayesian, BatchNorm kept deterministic, ``get_kl_loss``); and the ``Ensemble(k=2)`` row,
+two weight draws a step, run once per draw around the network.
 
     python benchmarks/steptime.py [--nets small,large] [--threads 1] [--device cpu|cuda]
         [--steps 10] [--rounds 8] [--memory/--no-memory] [--throughput] [--only LABELS]
@@ -123,7 +129,7 @@ class Net:
     def module(self) -> nn.Module:
         """A fresh deterministic network; both sides build theirs from it."""
         if self.label == "resnet":
-            return ResNet(num_classes=10)
+            return ResNet18(num_classes=10)
         if self.label == "lstm":
             return Recurrent(nn.LSTM, features=self.input_shape[-1], hidden=32)
         if self.label == "conv":
@@ -151,13 +157,29 @@ class Net:
         return x.to(device), y.to(device)
 
 
+class ResNet18(ResNet):
+    """torchvision's ``resnet18`` (7x7 stem, max-pool, four stages of two blocks), narrowed."""
+
+    def __init__(self, num_classes: int = 10, width: int = 16) -> None:
+        super().__init__((2, 2), num_classes, width)
+        self.conv1 = nn.Conv2d(3, width, kernel_size=7, stride=2, padding=3, bias=False)
+        self.layer3 = self._make_layer(4 * width, 2, stride=2)
+        self.layer4 = self._make_layer(8 * width, 2, stride=2)
+        self.fc = nn.Linear(8 * width, num_classes)
+
+    def forward(self, x):
+        x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
+        x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
+        return self.fc(torch.flatten(self.avgpool(x), 1))
+
+
 NETS = {
     "small": Net("1-50-50-1", "regression", 1000, 100, (1,)),
     "large": Net("784-400-400-10", "classification", 60000, 128, (784,)),
     "wide": Net("784-1200-1200-10", "classification", 60000, 1024, (784,)),
     "conv": Net("conv", "classification", 60000, 256, (1, 28, 28)),
-    "resnet": Net("resnet", "classification", 5120, 128, (3, 32, 32)),
-    "lstm": Net("lstm", "regression", 5120, 128, (20, 8)),
+    "resnet": Net("resnet", "classification", 5120, 64, (3, 32, 32)),
+    "lstm": Net("lstm", "regression", 5120, 64, (32, 8)),
 }
 
 
@@ -166,6 +188,13 @@ def default_adam(params: list[torch.Tensor], fused: bool) -> torch.optim.Adam:
 
 
 # ----------------------------------------------------------------------------- reference
+def _log_likelihood(net: Net, h: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """The minibatch's log-likelihood: Normal(h, 0.1) for regression, else the softmax's."""
+    if net.task == "regression":
+        return torch.distributions.Normal(h.squeeze(-1), 0.1).log_prob(y).sum()
+    return -F.cross_entropy(h, y, reduction="sum")
+
+
 class Reference:
     """Hand-written mean-field Bayes by Backprop in plain PyTorch, for any Linear/Conv net."""
 
@@ -209,10 +238,7 @@ class Reference:
                 h = self._apply(module, h, w, b)
             for mu, sigma in ((w_mu, w_sigma), (b_mu, b_sigma)):
                 kl = kl + 0.5 * (sigma.square() + mu.square() - 1).sum() - sigma.log().sum()
-        if self.net.task == "regression":
-            log_lik = torch.distributions.Normal(h.squeeze(-1), 0.1).log_prob(y).sum()
-        else:
-            log_lik = -F.cross_entropy(h, y, reduction="sum")
+        log_lik = _log_likelihood(self.net, h, y)
         loss = -log_lik * (self.net.num_data / len(x)) + kl
         self.optim.zero_grad(set_to_none=True)
         loss.backward()
@@ -229,10 +255,7 @@ class Deterministic:
 
     def step(self, x: torch.Tensor, y: torch.Tensor) -> float:
         h = self.module(x)
-        if self.net.task == "regression":
-            log_lik = torch.distributions.Normal(h.squeeze(-1), 0.1).log_prob(y).sum()
-        else:
-            log_lik = -F.cross_entropy(h, y, reduction="sum")
+        log_lik = _log_likelihood(self.net, h, y)
         loss = -log_lik * (self.net.num_data / len(x))
         self.optim.zero_grad(set_to_none=True)
         loss.backward()
@@ -273,6 +296,69 @@ class CapturedReference:
         static_x.copy_(x)
         static_y.copy_(y)
         self.graph.replay()
+
+
+class EveryParameterBBB:
+    """Hand-written Bayes by Backprop over every parameter of any network: the naive step.
+
+    μ and ρ per parameter tensor (BatchNorm's too), each drawn and handed to the network by
+    ``torch.func.functional_call``, the closed-form KL to N(0, 1), fused Adam.
+    """
+
+    def __init__(self, net: Net, device: torch.device, fused: bool) -> None:
+        self.net, self.module = net, net.module().to(device)
+        rho = INIT_SCALE + math.log(-math.expm1(-INIT_SCALE))
+        params = dict(self.module.named_parameters())
+        self.locs = {n: p.detach().clone().requires_grad_() for n, p in params.items()}
+        self.rhos = {n: torch.full_like(p, rho).requires_grad_() for n, p in params.items()}
+        self.optim = default_adam([*self.locs.values(), *self.rhos.values()], fused)
+
+    def step(self, x: torch.Tensor, y: torch.Tensor) -> float:
+        weights, kl = {}, 0.0
+        for name, mu in self.locs.items():
+            sigma = F.softplus(self.rhos[name])
+            weights[name] = mu + sigma * torch.randn_like(mu)
+            kl = kl + 0.5 * (sigma.square() + mu.square() - 1).sum() - sigma.log().sum()
+        h = torch.func.functional_call(self.module, weights, (x,))
+        loss = -_log_likelihood(self.net, h, y) * (self.net.num_data / len(x)) + kl
+        self.optim.zero_grad(set_to_none=True)
+        loss.backward()
+        self.optim.step()
+        return loss.detach()
+
+
+class BayesianTorch:
+    """bayesian-torch's ``dnn_to_bnn`` on the same network (its layers, its KL), fused Adam."""
+
+    def __init__(self, net: Net, device: torch.device, fused: bool) -> None:
+        from bayesian_torch.models.dnn_to_bnn import dnn_to_bnn, get_kl_loss
+
+        self.net, self.module, self.kl = net, net.module(), get_kl_loss
+        rho = INIT_SCALE + math.log(-math.expm1(-INIT_SCALE))
+        prior = {"prior_mu": 0.0, "prior_sigma": 1.0, "posterior_mu_init": 0.0,
+                 "posterior_rho_init": rho, "type": "Reparameterization",
+                 "moped_enable": False}  # fmt: skip
+        dnn_to_bnn(self.module, prior)
+        self.module.to(device)
+        self.optim = default_adam(list(self.module.parameters()), fused)
+
+    def step(self, x: torch.Tensor, y: torch.Tensor) -> float:
+        h = self.module(x)
+        loss = -_log_likelihood(self.net, h, y) * (self.net.num_data / len(x))
+        loss = loss + self.kl(self.module)
+        self.optim.zero_grad(set_to_none=True)
+        loss.backward()
+        self.optim.step()
+        return loss.detach()
+
+
+def has_bayesian_torch() -> bool:
+    """Whether bayesian-torch is installed (its rows are left out otherwise)."""
+    try:
+        import bayesian_torch  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 # ----------------------------------------------------------------------------- Pyro floor
@@ -495,6 +581,13 @@ def configurations(net: Net, device: torch.device, x, y, fused: bool) -> dict[st
         configs["deterministic network (its own training step)"] = LoopSteps(
             net, x, y, Deterministic(net, device, fused).step
         )
+        configs["hand-written BBB of every parameter (functional_call)"] = LoopSteps(
+            net, x, y, EveryParameterBBB(net, device, fused).step
+        )
+        if has_bayesian_torch():
+            configs["bayesian-torch dnn_to_bnn (BatchNorm deterministic)"] = LoopSteps(
+                net, x, y, BayesianTorch(net, device, fused).step
+            )
         for reparam in (None, "local"):
             label = f"fit, MeanFieldGuide, reparam={reparam!r}"
             configs[label] = FitSteps(net, x, y, device, "meanfield", reparam)

@@ -61,6 +61,7 @@ from ..model import BNN
 from ..nn.affine import AffineMap
 from ..nn.layers import BayesianAffine, BayesianLayer
 from ._low_rank_block import LowRankBlock, cholesky
+from ._mean_field_block import MeanFieldBlock, SiteLayout
 from .elbo import AnnealedELBO, ELBOTerms
 from .ensemble import Ensemble
 from .guides import LowRankGuide, MeanFieldGuide
@@ -344,6 +345,7 @@ class _MeanFieldDraws(_Draws):
         self._sites = [sites[name] for name in guide._event_dims]
         self._refs = [guide._params[site.name] for site in self._sites]
         self._kinds: dict[str, tuple] = {}
+        self._block: tuple[list, list, SiteLayout | None] | None = None  # priors, (m, s), layout
 
     def parameters(self) -> list[torch.Tensor]:
         return [ref.module_value() for refs in self._refs for ref in refs]
@@ -369,7 +371,56 @@ class _MeanFieldDraws(_Draws):
             self._kinds[site.name] = (prior, how)
         return how
 
+    def _layout(self, sample: tuple[int, ...]) -> SiteLayout | None:
+        """The sites' layout when one :class:`MeanFieldBlock` draws them all, else ``None``.
+
+        That is the common case: one draw (no particle or member dims), weight sampling,
+        and a closed-form KL to a prior of one number per site. Kept while the layers hand
+        out the same priors (or priors with the same numbers).
+        """
+        if sample or self.splits is not None or not self._elbo.analytic_kl:
+            return None
+        priors = [site.prior() for site in self._sites]
+        cached = self._block
+        if cached is not None and all(a is b for a, b in zip(cached[0], priors, strict=True)):
+            return cached[2]
+        pairs = [scalar_normal_parameters(prior) for prior in priors]
+        if cached is not None and pairs == cached[1]:
+            self._block = (priors, pairs, cached[2])
+            return cached[2]
+        layout = None
+        numbers = all(p is not None and all(type(v) is float for v in p) for p in pairs)
+        if numbers and all(
+            loc_ref.module_value().shape == site.shape
+            for site, (loc_ref, _) in zip(self._sites, self._refs, strict=True)
+        ):
+            layout = SiteLayout(
+                [site.shape for site in self._sites],
+                [m for m, _ in pairs],
+                [s for _, s in pairs],
+                self._guide.min_scale,
+            )
+        self._block = (priors, pairs, layout)
+        return layout
+
+    def _block_draw(self, layout: SiteLayout) -> _Draw:
+        """Every site in one pass (:class:`~pyro_bbb.infer._mean_field_block.MeanFieldBlock`)."""
+        locs = [loc_ref.module_value() for loc_ref, _ in self._refs]
+        rhos = [rho_ref.module_value() for _, rho_ref in self._refs]
+        total, kl, *values = MeanFieldBlock.apply(layout, *locs, *rhos)
+        names = [site.name for site in self._sites]
+        return _Draw(
+            dict(zip(names, values, strict=True)),
+            {},
+            dict(zip(names, kl.unbind(), strict=True)),
+            total,
+            None,
+        )
+
     def draw(self, sample: tuple[int, ...]) -> _Draw:
+        layout = self._layout(sample)
+        if layout is not None:
+            return self._block_draw(layout)
         parts = []
         for site, (loc_ref, rho_ref) in zip(self._sites, self._refs, strict=True):
             loc = loc_ref.module_value()
