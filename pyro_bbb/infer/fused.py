@@ -345,6 +345,7 @@ class _MeanFieldDraws(_Draws):
         self._sites = [sites[name] for name in guide._event_dims]
         self._refs = [guide._params[site.name] for site in self._sites]
         self._kinds: dict[str, tuple] = {}
+        self._one_draw: bool | None = None  # found at the first draw
         self._block: tuple[list, list, SiteLayout | None] | None = None  # priors, (m, s), layout
 
     def parameters(self) -> list[torch.Tensor]:
@@ -380,6 +381,13 @@ class _MeanFieldDraws(_Draws):
         """
         if sample or self.splits is not None or not self._elbo.analytic_kl:
             return None
+        if self._one_draw is None:  # no member dims: the guide's parameters are the sites'
+            self._one_draw = all(
+                loc_ref.module_value().shape == site.shape
+                for site, (loc_ref, _) in zip(self._sites, self._refs, strict=True)
+            )
+        if not self._one_draw:
+            return None
         priors = [site.prior() for site in self._sites]
         cached = self._block
         if cached is not None and all(a is b for a, b in zip(cached[0], priors, strict=True)):
@@ -389,11 +397,7 @@ class _MeanFieldDraws(_Draws):
             self._block = (priors, pairs, cached[2])
             return cached[2]
         layout = None
-        numbers = all(p is not None and all(type(v) is float for v in p) for p in pairs)
-        if numbers and all(
-            loc_ref.module_value().shape == site.shape
-            for site, (loc_ref, _) in zip(self._sites, self._refs, strict=True)
-        ):
+        if all(p is not None and all(type(v) is float for v in p) for p in pairs):
             layout = SiteLayout(
                 [site.shape for site in self._sites],
                 [m for m, _ in pairs],
