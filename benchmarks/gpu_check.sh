@@ -5,8 +5,8 @@
 #     bash ../shared/gpu/fetch-wheels.sh          # pyro-ppl, arviz, ... into the ignored .whl/
 # then run this on the GPU machine from the project's root, carrying .whl along, e.g.
 #     bash benchmarks/gpu_check.sh                 # about 8 minutes on an H100
-# It writes into $OUT (or ./gpu_out): nvidia-smi.txt, cuda_tests.txt, steptime_cuda.md and
-# steptime_throughput.md. The numbers go into docs/performance.md ("GPU").
+# It writes into $OUT (or ./gpu_out): nvidia-smi.txt, cuda_tests.txt, steptime_cuda.md,
+# steptime_throughput.md and steptime_user_networks.md. The numbers go into docs/performance.md ("GPU").
 set -u
 cd "$(dirname "$0")/.."
 OUT="${OUT:-gpu_out}"
@@ -39,3 +39,9 @@ cat "$OUT/steptime_cuda.md"
 timeout 150 python3 benchmarks/steptime.py --device cuda --nets small --throughput --no-memory \
     --rounds 2 --only "$ROWS" > "$OUT/steptime_throughput.md" 2>&1
 tail -25 "$OUT/steptime_throughput.md"
+
+# 4. networks as users write them: a ResNet-18 at 16-128 channels and an LSTM, fit's step
+#    (captured) against the network's deterministic step and a hand-written every-parameter step
+timeout 150 python3 benchmarks/steptime.py --device cuda --nets resnet,lstm --no-memory \
+    --steps 5 --rounds 3 > "$OUT/steptime_user_networks.md" 2>&1
+tail -22 "$OUT/steptime_user_networks.md"

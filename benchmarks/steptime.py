@@ -576,6 +576,8 @@ def svi_steps(net: Net, x, y, device, guide: str) -> LoopSteps:
 def configurations(net: Net, device: torch.device, x, y, fused: bool) -> dict[str, Callable]:
     """Label -> runner; the first is the reference every ratio is taken against."""
     conv = net.label == "conv"
+    cuda = device.type == "cuda"
+    fit_steps = FitEpochs if cuda else FitSteps  # a captured step calls no callback
     configs: dict[str, Callable] = {}
     if net.user_written:
         configs["deterministic network (its own training step)"] = LoopSteps(
@@ -590,8 +592,8 @@ def configurations(net: Net, device: torch.device, x, y, fused: bool) -> dict[st
             )
         for reparam in (None, "local"):
             label = f"fit, MeanFieldGuide, reparam={reparam!r}"
-            configs[label] = FitSteps(net, x, y, device, "meanfield", reparam)
-        configs["fit, Ensemble(MeanFieldGuide, k=2), reparam=None"] = FitSteps(
+            configs[label] = fit_steps(net, x, y, device, "meanfield", reparam)
+        configs["fit, Ensemble(MeanFieldGuide, k=2), reparam=None"] = fit_steps(
             net, x, y, device, "meanfield", None, members=2
         )
         return configs
@@ -605,7 +607,6 @@ def configurations(net: Net, device: torch.device, x, y, fused: bool) -> dict[st
         configs["reference, Adam's default implementation"] = LoopSteps(
             net, x, y, Reference(net, device, local=False, fused=False).step
         )
-    cuda = device.type == "cuda"
     if cuda:
         configs["reference captured in one CUDA graph"] = LoopSteps(
             net, x, y, CapturedReference(net, device).step
@@ -613,7 +614,6 @@ def configurations(net: Net, device: torch.device, x, y, fused: bool) -> dict[st
         configs["reference + local, captured in one CUDA graph"] = LoopSteps(
             net, x, y, CapturedReference(net, device, local=True).step
         )
-    fit_steps = FitEpochs if cuda else FitSteps
     if not conv:
         configs["bare Pyro program (the floor of Pyro semantics)"] = LoopSteps(
             net, x, y, BarePyro(net, device, fused).step
