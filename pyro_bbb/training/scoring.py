@@ -250,7 +250,7 @@ def held_out_score(
     x: object,
     y: object,
     held: torch.Tensor | None,
-    validation: object,
+    pair: tuple[torch.Tensor, torch.Tensor] | None,
     seed: int | None,
     device: torch.device,
 ) -> HeldOutScore | None:
@@ -260,7 +260,7 @@ def held_out_score(
         x: ``fit``'s features.
         y: ``fit``'s targets.
         held: The held-out rows' indices, or ``None``.
-        validation: ``fit``'s ``validation``: a pair is scored as given.
+        pair: Rows of the user's own ``(x_val, y_val)``, scored as given, or ``None``.
         seed: The seed of the minibatch order (the scores' draws derive from it).
         device: The training device.
 
@@ -268,8 +268,8 @@ def held_out_score(
         The :class:`HeldOutScore`, or ``None`` when nothing is scored.
     """
     seed = 0 if seed is None else seed
-    if isinstance(validation, tuple):
-        x_val, y_val = (t.to(device) for t in validation)
+    if pair is not None:
+        x_val, y_val = (t.to(device) for t in pair)
         return HeldOutScore(x_val, y_val, seed=seed)
     if held is None:
         return None
