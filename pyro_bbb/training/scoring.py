@@ -46,6 +46,7 @@ from ..infer.elbo import AnnealedELBO
 from ..infer.predictive import predict
 from ..infer.reparam import estimator
 from ..nn.draws import kept_buffers
+from .history import History
 
 __all__ = [
     "SCORE_SAMPLES",
@@ -54,7 +55,9 @@ __all__ = [
     "IterateAverage",
     "SampleFit",
     "Scores",
+    "best_epoch",
     "held_out_score",
+    "kept_score",
     "score_every",
 ]
 
@@ -75,6 +78,38 @@ _SEED_OFFSET = 104_729
 def score_every(steps_per_epoch: int) -> int:
     """Score after every epoch of at least :data:`SCORE_STEPS` steps, else every few epochs."""
     return max(1, math.ceil(SCORE_STEPS / steps_per_epoch))
+
+
+def kept_score(nll: float, kl: float, validation: float, scored: bool) -> float:
+    """What the full-rate stage keeps its best average by, of one epoch's scores.
+
+    The held-out rows' score where rows are scored (``scored``), else the β = 1 ELBO on the
+    training sample, ``-(nll + kl)``: the objective itself, not its likelihood part alone,
+    which would prefer the narrowest posterior. Higher is better; ``nan`` where not read.
+    The one definition: :class:`Scores` decides by it which average to keep
+    (:meth:`IterateAverage.keep_if_best` records it), and :func:`best_epoch` names, from
+    the History, the epoch kept.
+    """
+    return validation if scored else -(nll + kl)
+
+
+def best_epoch(history: History, start: int, end: int, scored: bool) -> int | None:
+    """The epoch of ``start`` to ``end - 1`` whose average scored best (:func:`kept_score`).
+
+    Among the epochs since β last changed (scores at another β are of another objective);
+    ``None`` where none was read.
+    """
+    while start < end - 1 and history.beta[start] != history.beta[end - 1]:
+        start += 1
+    rows = zip(
+        history.averaged_nll[start:end],
+        history.averaged_kl[start:end],
+        history.validation[start:end],
+        strict=True,
+    )
+    scores = [kept_score(nll, kl, v, scored) for nll, kl, v in rows]
+    read = [(v, e) for e, v in enumerate(scores, start=start) if not math.isnan(v)]
+    return max(read, key=lambda score_epoch: score_epoch[0])[1] if read else None
 
 
 class IterateAverage:
@@ -327,6 +362,7 @@ class Scores:
                     nll, kl = self.fit(model, guide)
                 if "validation" in reads and self.held_out is not None:
                     validation = self.held_out(model, guide)
-        if stage == "train":  # the held-out rows' score, else the beta = 1 ELBO's: higher is better
-            self.average.keep_if_best(validation if "validation" in reads else -(nll + kl), beta)
+        if stage == "train":
+            scored = self.held_out is not None
+            self.average.keep_if_best(kept_score(nll, kl, validation, scored), beta)
         return nll, kl, validation
