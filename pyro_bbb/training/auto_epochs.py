@@ -19,6 +19,12 @@ actually is, in four stages, each ended by what the record shows:
    (:class:`~pyro_bbb.training.lr_schedules.InverseTimeDecay`) from where the halvings
    left it, to the rule's floor of ``lr``, over a length the rule sets, then the run ends.
 
+**The state machine.** The stages and what follows each are data, :data:`STAGE_TABLE`;
+where the run is, a :class:`RunState` value. After every epoch :meth:`AutoEpochs.after_epoch`
+decides the next state from the current one and the History (a pure function: the stage
+ends, halves its rate, or goes on; the budget may end the run) and applies it, the one place
+the state changes; a resumed run folds the same transitions over its History.
+
 The rule (:mod:`~pyro_bbb.training.stopping`, ``fit(until=...)``) asks either whether
 further steps still pay (``"predictive"``, the default; it reads scores of the recent
 iterates' average, :mod:`~pyro_bbb.training.scoring`, every few epochs of the tested
