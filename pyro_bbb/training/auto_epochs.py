@@ -286,8 +286,8 @@ class AutoEpochs:
     def rate(self, t: float) -> float:
         """The learning-rate factor at epoch ``t``: 1, halved at each halving, then the decay."""
         state = self.state
-        factor = 0.5 ** sum(1 for epoch in state.halvings if epoch <= t)
-        return factor if state.decay is None else factor * state.decay(t)
+        factor, decay = 0.5 ** sum(1 for epoch in state.halvings if epoch <= t), state.decay
+        return factor if decay is None else factor * decay(t)
 
     def phase(self, epoch: int) -> str:
         """The stage of epoch ``epoch``, with the full-rate stage's halvings told apart.
