@@ -71,7 +71,16 @@ from .optimizers import reset_moments
 from .scoring import best_epoch
 from .stopping import MIN_FIT_SCORES, TOLERANCE, StopRule, StopsPaying, fit_scores
 
-__all__ = ["MAX_STEPS", "MIN_EPOCHS", "STAGES", "AutoEpochs", "RunState", "Stage", "budget_epochs"]
+__all__ = [
+    "MAX_STEPS",
+    "MIN_EPOCHS",
+    "STAGES",
+    "STAGE_TABLE",
+    "AutoEpochs",
+    "RunState",
+    "Stage",
+    "budget_epochs",
+]
 
 #: The budget of an automatic run, in optimiser steps, when ``max_steps`` is not given ...
 MAX_STEPS = 50_000
