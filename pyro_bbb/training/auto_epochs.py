@@ -19,6 +19,12 @@ actually is, in four stages, each ended by what the record shows:
    (:class:`~pyro_bbb.training.lr_schedules.InverseTimeDecay`) from where the halvings
    left it, to the rule's floor of ``lr``, over a length the rule sets, then the run ends.
 
+**The state machine.** The stages and what follows each are data, :data:`STAGE_TABLE`;
+where the run is, a :class:`RunState` value. After every epoch :meth:`AutoEpochs.after_epoch`
+decides the next state from the current one and the History (a pure function: the stage
+ends, halves its rate, or goes on; the budget may end the run) and applies it, the one place
+the state changes; a resumed run folds the same transitions over its History.
+
 The rule (:mod:`~pyro_bbb.training.stopping`, ``fit(until=...)``) asks either whether
 further steps still pay (``"predictive"``, the default; it reads scores of the recent
 iterates' average, :mod:`~pyro_bbb.training.scoring`, every few epochs of the tested
@@ -44,7 +50,9 @@ the History, so a resumed run continues where the interrupted one was.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field, replace
+from typing import NamedTuple
 
 import torch
 
@@ -60,9 +68,19 @@ from .convergence import (
 from .history import History
 from .lr_schedules import InverseTimeDecay
 from .optimizers import reset_moments
-from .stopping import MIN_FIT_SCORES, TOLERANCE, StopRule, StopsPaying
+from .scoring import best_epoch
+from .stopping import MIN_FIT_SCORES, TOLERANCE, StopRule, StopsPaying, fit_scores
 
-__all__ = ["MAX_STEPS", "MIN_EPOCHS", "STAGES", "AutoEpochs", "budget_epochs"]
+__all__ = [
+    "MAX_STEPS",
+    "MIN_EPOCHS",
+    "STAGES",
+    "STAGE_TABLE",
+    "AutoEpochs",
+    "RunState",
+    "Stage",
+    "budget_epochs",
+]
 
 #: The budget of an automatic run, in optimiser steps, when ``max_steps`` is not given ...
 MAX_STEPS = 50_000
@@ -72,17 +90,33 @@ MIN_EPOCHS = 100
 MAX_HALVINGS = 4
 #: The warm-up's length as a share of the likelihood-only stage's.
 RAMP_SHARE = 0.5
-#: The share of the budget the ``"fit"`` stage may take, and where ``"train"`` must end.
-_FIT_CAP, _TRAIN_CAP = 0.2, 0.7
 #: The History's lists of an automatic run's scores.
 _SCORED = ("validation", "averaged_nll", "averaged_kl")
-#: The stages of an automatic run, in order.
-STAGES = ("fit", "warmup", "train", "decay")
-#: What each stage is called in a message.
-_STAGE_NAMES = {
-    "fit": "the likelihood-only stage (beta = 0)",
-    "train": "the stage at beta's final value and the full rate",
+
+
+class Stage(NamedTuple):
+    """A stage of an automatic run, as data: what ends it and what follows it."""
+
+    #: The stage that follows (``"decay"`` is ``"end"`` where nothing decays and no rows
+    #: are given back); ``None`` for the last, which ends at :attr:`RunState.end`.
+    then: str | None
+    #: Whether the run's rule ends it (else its length, fixed where it begins).
+    judged: bool
+    #: The share of the budget by which it ends at the latest, its test passed or not.
+    cap: float
+    #: What a message calls it.
+    called: str
+
+
+#: The stages of an automatic run, in order: the state machine's table.
+STAGE_TABLE: Mapping[str, Stage] = {
+    "fit": Stage("warmup", True, 0.2, "the likelihood-only stage (beta = 0)"),
+    "warmup": Stage("train", False, 1.0, "the warm-up"),
+    "train": Stage("decay", True, 0.7, "the stage at beta's final value and the full rate"),
+    "decay": Stage(None, False, 1.0, "the decay"),
 }
+#: The stages of an automatic run, in order.
+STAGES = tuple(STAGE_TABLE)
 
 
 def budget_epochs(max_steps: int | None, steps_per_epoch: int) -> int:
@@ -95,13 +129,74 @@ def budget_epochs(max_steps: int | None, steps_per_epoch: int) -> int:
     return max(1, max_steps // steps_per_epoch)
 
 
+@dataclass(frozen=True)
+class RunState:
+    """Where an automatic run is: what every decision so far fixed, and nothing else.
+
+    A value: a transition (:meth:`AutoEpochs.after_epoch`) makes a new one, and
+    :class:`AutoEpochs` holds the current one.
+    """
+
+    #: The first epoch of each stage reached so far (``"end"``: the run ends there).
+    starts: Mapping[str, int]
+    #: The epochs at which the full-rate stage's rate halved, in order.
+    halvings: tuple[int, ...] = ()
+    #: The epoch after the last, once known.
+    end: int | None = None
+    #: The stage the budget ended rather than its test, or ``None``.
+    forced: str | None = None
+    #: The epochs decided on so far.
+    done: int = 0
+    #: β's warm-up, fixed where the warm-up begins.
+    warmup: LinearWarmup | None = field(default=None, compare=False)
+    #: The rate's decay, fixed where the decay begins.
+    decay: InverseTimeDecay | None = field(default=None, compare=False)
+
+    @property
+    def current(self) -> str:
+        """The stage of the next epoch."""
+        return max(self.starts, key=self.starts.__getitem__)
+
+    @property
+    def finished(self) -> bool:
+        """Whether the run's last epoch has been run."""
+        return self.end is not None and self.done >= self.end
+
+    def stage(self, epoch: int) -> str:
+        """The stage epoch ``epoch`` is in."""
+        return max((s for s, e in self.starts.items() if e <= epoch), key=self.starts.__getitem__)
+
+    def halved(self, epoch: int) -> int:
+        """How many times the rate had halved by epoch ``epoch``."""
+        return sum(1 for start in self.halvings if start <= epoch)
+
+    def phase_start(self, epoch: int) -> int:
+        """The first epoch of the phase (:meth:`AutoEpochs.phase`) epoch ``epoch`` is in."""
+        start = self.starts[self.stage(epoch)]
+        if self.stage(epoch) == "train":
+            start = max([start, *(h for h in self.halvings if h <= epoch)])
+        return start
+
+    def unfinished(self) -> str:
+        """The tested stage a spent budget leaves unfinished (``"train"`` once begun)."""
+        return "train" if "train" in self.starts else "fit"
+
+    def after(self) -> int | None:
+        """The first epoch of the run's last stage, once begun (the decay's, or the end)."""
+        return self.starts.get("decay", self.starts.get("end"))
+
+
 class AutoEpochs:
     r"""An automatic run: ``fit(epochs=None)``, in the stages of this module's description.
 
-    It gives β and the learning-rate factor as functions of the (fractional) epoch, as
-    ``fit``'s schedules are, and moves between stages at the end of an epoch, so that a
-    stage's schedule is fixed before any of its steps is taken. Every decision is a function
-    of the History alone, so a resumed run takes the uninterrupted one's.
+    A small state machine: the stages and what follows each are :data:`STAGE_TABLE`; where
+    the run is, a :class:`RunState`; after every epoch :meth:`after_epoch` reads the
+    History, decides the next state (a pure function of the two) and applies it, the one
+    place the state changes. It gives β and the learning-rate factor as functions of the
+    (fractional) epoch, as ``fit``'s schedules are, and moves between stages at the end of
+    an epoch, so that a stage's schedule is fixed before any of its steps is taken. Every
+    decision is a function of the History alone, so a resumed run takes the uninterrupted
+    one's.
 
     Args:
         steps_per_epoch: Optimiser steps in an epoch (of the rows the steps train on).
@@ -118,6 +213,7 @@ class AutoEpochs:
         steps_given_back: Optimiser steps in an epoch of every row, held-out ones given
             back (``None``: as ``steps_per_epoch``); the last stage's length keeps the run
             within its budget of steps.
+        halves: Whether the full-rate stage halves its rate where it stops paying.
     """
 
     def __init__(
@@ -148,65 +244,75 @@ class AutoEpochs:
         #: The fewest epochs of a tested stage: shorter when the budget is small.
         self.min_stage = max(1, min(least, max_epochs // 8))
         self.user_beta, self.decay = beta, decay
-        #: The first epoch of each stage reached so far.
-        self.starts: dict[str, int] = {"fit" if beta is None else "train": 0}
-        #: The epoch after the last, once known.
-        self.end: int | None = None
-        #: The stage the budget ended rather than its test, or ``None``.
-        self.forced: str | None = None
-        self.finished = False
-        self._warmup: LinearWarmup | None = None
-        self._decay: InverseTimeDecay | None = None
         #: Whether the full-rate stage halves its rate where it stops paying.
         self.halves = halves and self.rule.reads_scores
-        #: The epochs at which the full-rate stage's rate halved, in order.
-        self.halvings: list[int] = []
+        #: Where the run is; changed by :meth:`_apply` alone.
+        self.state = RunState({"fit" if beta is None else "train": 0})
 
-    # ---------------------------------------------------------------- schedules
+    # ---------------------------------------------------------------- the state, read
+    @property
+    def starts(self) -> dict[str, int]:
+        """The first epoch of each stage reached so far."""
+        return dict(self.state.starts)
+
+    @property
+    def halvings(self) -> list[int]:
+        """The epochs at which the full-rate stage's rate halved, in order."""
+        return list(self.state.halvings)
+
+    @property
+    def forced(self) -> str | None:
+        """The stage the budget ended rather than its test, or ``None``."""
+        return self.state.forced
+
+    @property
+    def finished(self) -> bool:
+        """Whether the run's last epoch has been run."""
+        return self.state.finished
+
     @property
     def current(self) -> str:
         """The stage of the next epoch."""
-        return max(self.starts, key=self.starts.__getitem__)
+        return self.state.current
+
+    @property
+    def total(self) -> int | None:
+        """The run's length in epochs, once the last stage has begun."""
+        return self.state.end
 
     def stage(self, epoch: int) -> str:
         """The stage epoch ``epoch`` is in."""
-        return max((s for s, e in self.starts.items() if e <= epoch), key=self.starts.__getitem__)
+        return self.state.stage(epoch)
 
+    # ---------------------------------------------------------------- schedules
     def beta(self, t: float) -> float:
         """β at epoch ``t``: 0 in ``"fit"``, rising in ``"warmup"``, then 1 (or the user's)."""
         if self.user_beta is not None:
             return self.user_beta(t)
-        return 0.0 if self._warmup is None else self._warmup(t)
+        warmup = self.state.warmup
+        return 0.0 if warmup is None else warmup(t)
 
     def rate(self, t: float) -> float:
         """The learning-rate factor at epoch ``t``: 1, halved at each halving, then the decay."""
-        factor = 0.5 ** sum(1 for epoch in self.halvings if epoch <= t)
-        return factor if self._decay is None else factor * self._decay(t)
+        state = self.state
+        factor, decay = 0.5 ** sum(1 for epoch in state.halvings if epoch <= t), state.decay
+        return factor if decay is None else factor * decay(t)
 
     def phase(self, epoch: int) -> str:
         """The stage of epoch ``epoch``, with the full-rate stage's halvings told apart.
 
         The scores' iterate average restarts with each phase (a new rate is a new chain).
         """
-        stage = self.stage(epoch)
-        if stage != "train":
-            return stage
-        return f"train/{2 ** sum(1 for start in self.halvings if start <= epoch)}"
-
-    def _phase_start(self, epoch: int) -> int:
-        """The first epoch of the phase (:meth:`phase`) epoch ``epoch`` is in."""
-        start = self.starts[self.stage(epoch)]
-        if self.stage(epoch) == "train":
-            start = max([start, *(h for h in self.halvings if h <= epoch)])
-        return start
+        stage = self.state.stage(epoch)
+        return stage if stage != "train" else f"train/{2 ** self.state.halved(epoch)}"
 
     def holds_out(self, epoch: int) -> bool:
         """Whether epoch ``epoch`` trains without the held-out rows (all but the last stage)."""
-        return self.gives_back and self.stage(epoch) != "decay"
+        return self.gives_back and self.state.stage(epoch) != "decay"
 
     def averages(self, epoch: int) -> bool:
         """Whether the scores' iterate average takes in epoch ``epoch`` (a tested stage)."""
-        return self.rule.reads_scores and self.stage(epoch) in ("fit", "train")
+        return self.rule.reads_scores and STAGE_TABLE[self.state.stage(epoch)].judged
 
     def reads(self, epoch: int) -> frozenset[str]:
         """What is scored after epoch ``epoch``: ``"fit"``, ``"validation"`` or nothing.
@@ -215,18 +321,17 @@ class AutoEpochs:
         the full-rate stage the held-out rows (the same sample where none are held out),
         every :attr:`every` epochs (:mod:`~pyro_bbb.training.scoring`).
         """
-        if not self.averages(epoch) or (epoch + 1 - self._phase_start(epoch)) % self.every:
+        return self._reads(self.state, epoch)
+
+    def _reads(self, state: RunState, epoch: int) -> frozenset[str]:
+        stage = state.stage(epoch)
+        if not (self.rule.reads_scores and STAGE_TABLE[stage].judged):
             return frozenset()
-        if self.stage(epoch) == "fit" or not self.scored:
-            return frozenset({"fit"})
-        return frozenset({"validation"})
+        if (epoch + 1 - state.phase_start(epoch)) % self.every:
+            return frozenset()
+        return frozenset({"fit" if stage == "fit" or not self.scored else "validation"})
 
     # ---------------------------------------------------------------- the run
-    @property
-    def total(self) -> int | None:
-        """The run's length in epochs, once the last stage has begun."""
-        return self.end
-
     def run(self, start: int) -> Iterator[int]:
         """The epochs to run from ``start``, until the last stage ends."""
         epoch = start
@@ -235,42 +340,73 @@ class AutoEpochs:
             epoch += 1
 
     def after_epoch(self, history: History, optimizer: torch.optim.Optimizer | None) -> None:
-        """Decide, from the History so far, whether the next epoch begins a new stage.
+        """Decide, from the History so far, where the next epoch is, and go there.
 
         ``optimizer`` is ``None`` when a resumed run replays the decision after its last
         epoch (the checkpoint was written after it, and after its optimiser's reset).
         """
-        done = len(history)
-        stage = self.current
-        start = self.starts[stage]
-        after = {"fit": "warmup", "warmup": "train", "train": self._last_stage()}.get(stage)
-        if stage == "train":
-            start = self._phase_start(done - 1)
-        if after is not None and self._stage_over(history, stage, start):
-            if stage == "train" and self._halving_pays(history, start):
-                self.halvings.append(done)
-            else:
-                self._begin(after, history, optimizer)
-        if done >= self.max_epochs and (self.end is None or self.end > done):
-            self.forced = self.forced or self._unfinished()
-            self.end = done  # the budget is spent, whatever stage the run was in
-        self.finished = self.end is not None and done >= self.end
+        self._apply(self._next(self.state, history), optimizer)
 
-    def restores_best(self, done: int) -> bool:
-        """Whether the parameters take the full-rate stage's best-scoring average now.
+    def _apply(self, state: RunState, optimizer: torch.optim.Optimizer | None) -> None:
+        """Go to ``state``: the one place the run's state changes.
 
-        After ``done`` epochs, where the rule reads scores and the run's last stage begins
-        with the next epoch (:meth:`~pyro_bbb.training.scoring.IterateAverage.restore_best`):
-        the decay, or the end, starts from the stage's best rather than its last iterates.
+        Where the full-rate stage begins, a rule that asks for it zeroes Adam's moments.
         """
-        return (
-            self.rule.reads_scores
-            and self.forced is None
-            and (self.starts.get(self._last_stage()) == done or done in self.halvings)
-        )
+        begins_train = "train" in state.starts and "train" not in self.state.starts
+        self.state = state
+        if optimizer is not None and begins_train and self.rule.resets_moments:
+            reset_moments(optimizer)
 
-    def _halving_pays(self, history: History, start: int) -> bool:
-        """Whether the full-rate stage, whose phase began at ``start``, halves its rate now.
+    def _next(self, state: RunState, history: History) -> RunState:
+        """The state after the last epoch of ``history``: a pure function of the two.
+
+        The current stage, its test passed or its share of the budget spent, halves its
+        rate (the full-rate stage, while halving pays) or hands over to the stage that
+        follows it (:data:`STAGE_TABLE`); a spent budget ends the run in any stage.
+        """
+        done = len(history)
+        stage = state.current
+        after = self._successor(stage)
+        if after is not None and self._stage_over(state, history, stage):
+            if stage == "train" and self._halving_pays(state, history):
+                state = replace(state, halvings=(*state.halvings, done))
+            else:
+                state = self._begin(state, after, history)
+        if done >= self.max_epochs and (state.end is None or state.end > done):
+            # the budget is spent, whatever stage the run was in
+            state = replace(state, forced=state.forced or state.unfinished(), end=done)
+        return replace(state, done=done)
+
+    def _successor(self, stage: str) -> str | None:
+        """The stage after ``stage``: :data:`STAGE_TABLE`'s, ``"end"`` where none decays."""
+        after = STAGE_TABLE[stage].then if stage in STAGE_TABLE else None
+        if after == "decay" and not (self.decay or self.gives_back):
+            return "end"
+        return after
+
+    def _stage_over(self, state: RunState, history: History, stage: str) -> bool:
+        """Whether ``stage`` ends after the last epoch of ``history``."""
+        done = len(history)
+        start = state.phase_start(done - 1) if stage == "train" else state.starts[stage]
+        if not STAGE_TABLE[stage].judged:  # the warm-up: its ramp's length
+            return done - start >= state.warmup.warmup
+        return self._done(state, history, stage, start) or self._capped(history, stage)
+
+    def _capped(self, history: History, stage: str) -> bool:
+        """Whether ``stage`` has spent its share of the budget (:data:`STAGE_TABLE`)."""
+        return len(history) >= STAGE_TABLE[stage].cap * self.max_epochs
+
+    def _done(self, state: RunState, history: History, stage: str, start: int) -> bool:
+        """Whether the rule ends the stage now: long enough, just scored, and done."""
+        done = len(history)
+        if done - start < self.min_stage or not self.rule.due(done - start):
+            return False
+        if self.rule.reads_scores and not self._reads(state, done - 1):
+            return False
+        return self.rule.judge(history, stage, start, done, self.scored).done
+
+    def _halving_pays(self, state: RunState, history: History) -> bool:
+        """Whether the full-rate stage halves its rate now rather than end.
 
         Where it may (:attr:`halves`, fewer than :data:`MAX_HALVINGS` so far, the budget's
         share for the stage not spent), it halves after its first phase, and after each
@@ -282,101 +418,80 @@ class AutoEpochs:
         the prior for thousands of steps at any rate, is not asked.
         """
         done = len(history)
-        if not self.halves or len(self.halvings) >= MAX_HALVINGS:
+        if not self.halves or len(state.halvings) >= MAX_HALVINGS:
             return False
-        if done >= _TRAIN_CAP * self.max_epochs:
+        if self._capped(history, "train"):
             return False
-        return not self.halvings or self._phase_paid(history, start, done)
+        start = state.phase_start(done - 1)
+        return not state.halvings or self._phase_paid(state, history, start, done)
 
-    def _phase_paid(self, history: History, start: int, end: int) -> bool:
+    def _phase_paid(self, state: RunState, history: History, start: int, end: int) -> bool:
         """Whether the phase of epochs ``start`` to ``end - 1`` beat the stage's best before it."""
-        fit = self._fit_scores(history)
-        return _best(fit[start:end]) >= _best(fit[self.starts["train"] : start]) + TOLERANCE
+        fit = fit_scores(history, self.scored)
+        return _best(fit[start:end]) >= _best(fit[state.starts["train"] : start]) + TOLERANCE
 
-    def _unpaid_phase(self, history: History, start: int) -> int:
+    def _unpaid_phase(self, state: RunState, history: History, start: int) -> int:
         """The epochs of a last, halved phase (ended at ``start``) whose halving did not pay.
 
         0 where there was no halving, the most halvings were reached, or the last one paid.
         """
-        if not self.halvings or len(self.halvings) >= MAX_HALVINGS:
+        if not state.halvings or len(state.halvings) >= MAX_HALVINGS:
             return 0
-        last = self.halvings[-1]
-        return 0 if self._phase_paid(history, last, start) else start - last
+        last = state.halvings[-1]
+        return 0 if self._phase_paid(state, history, last, start) else start - last
 
-    def _fit_scores(self, history: History) -> list[float]:
-        """What the rule reads of the full-rate stage: the held-out or the training fit."""
-        return history.validation if self.scored else [-v for v in history.averaged_nll]
+    def _begin(self, state: RunState, stage: str, history: History) -> RunState:
+        """The state where ``stage`` begins after ``history``, with what its start fixes.
 
-    def _scores(self, history: History, start: int, end: int) -> list[float]:
-        """The full-rate stage's scores over epochs ``start`` to ``end - 1`` (what it keeps)."""
-        if self.scored:
-            return history.validation[start:end]
-        nll, kl = history.averaged_nll[start:end], history.averaged_kl[start:end]
-        return [-(n + k) for n, k in zip(nll, kl, strict=True)]
-
-    def _stage_over(self, history: History, stage: str, start: int) -> bool:
-        """Whether ``stage``, begun at ``start``, ends after the last epoch of ``history``."""
-        done = len(history)
-        if stage == "warmup":
-            return done - start >= self._warmup.warmup
-        cap = _FIT_CAP if stage == "fit" else _TRAIN_CAP
-        return self._done(history, stage, start) or done >= cap * self.max_epochs
-
-    def _last_stage(self) -> str:
-        """``"decay"`` where the rate decays or held-out rows are given back, else ``"end"``."""
-        return "decay" if self.decay or self.gives_back else "end"
-
-    def _unfinished(self) -> str:
-        """The tested stage a spent budget leaves unfinished (``"train"`` once begun)."""
-        return "train" if "train" in self.starts else "fit"
-
-    def _done(self, history: History, stage: str, start: int) -> bool:
-        """Whether the rule ends the stage now: long enough, just scored, and done."""
-        done = len(history)
-        if done - start < self.min_stage or not self.rule.due(done - start):
-            return False
-        if self.rule.reads_scores and not self.reads(done - 1):
-            return False
-        return self.rule.judge(history, stage, start, done, self.scored).done
-
-    def _begin(self, stage: str, history: History, optimizer: torch.optim.Optimizer | None) -> None:
-        self.starts[stage] = len(history)
-        self._place(stage, history)
-        if optimizer is not None and stage == "train" and self.rule.resets_moments:
-            reset_moments(optimizer)
-
-    def _place(self, stage: str, history: History) -> None:
-        """Fix the schedules and the end the start of ``stage`` decides.
-
-        ``history`` holds the epochs before the stage (a resumed run passes that part).
+        The warm-up's ramp; the run's end and the decay's schedule; and whether the budget,
+        not the rule, ended the stage before. ``history`` holds the epochs before the stage
+        (a resumed run passes that part).
         """
-        start = self.starts[stage]
+        start = len(history)
+        state = replace(state, starts={**state.starts, stage: start})
         if stage == "warmup":
-            ramp = max(self.min_stage, round(RAMP_SHARE * (start - self.starts["fit"])))
-            self._warmup = LinearWarmup(ramp, delay=start)
-            self._note_budget(history, "fit", _FIT_CAP)
-        elif stage in ("decay", "end"):
-            self._note_budget(history, "train", _TRAIN_CAP)
-            self.end = start
-        if stage == "decay":
-            length, floor = self.rule.decay_plan(history, self.starts["train"], start)
-            tried = self._unpaid_phase(history, start)
-            if tried:  # the halved phase that did not pay is the start of the low-rate tail
-                length = max(
-                    1, self.rule.decay_plan(history, self.starts["train"], start - tried)[0] - tried
-                )
-            steps_left = (self.max_epochs - start) * self.steps_per_epoch
-            self.end = start + max(1, min(length, steps_left // self.steps_given_back))
-            if self.decay:  # from the halved rate to the same floor of lr
-                floor = min(1.0, floor * 2 ** len(self.halvings))
-                self._decay = InverseTimeDecay(self.end, start=start / self.end, floor=floor)
+            ramp = max(self.min_stage, round(RAMP_SHARE * (start - state.starts["fit"])))
+            warmup = LinearWarmup(ramp, delay=start)
+            return replace(state, warmup=warmup, forced=self._forced(state, history, "fit"))
+        if stage not in ("decay", "end"):
+            return state
+        state = replace(state, forced=self._forced(state, history, "train"), end=start)
+        if stage == "end":
+            return state
+        length, floor = self.rule.decay_plan(history, state.starts["train"], start)
+        tried = self._unpaid_phase(state, history, start)
+        if tried:  # the halved phase that did not pay is the start of the low-rate tail
+            planned = self.rule.decay_plan(history, state.starts["train"], start - tried)[0]
+            length = max(1, planned - tried)
+        steps_left = (self.max_epochs - start) * self.steps_per_epoch
+        end = start + max(1, min(length, steps_left // self.steps_given_back))
+        decay = None
+        if self.decay:  # from the halved rate to the same floor of lr
+            floor = min(1.0, floor * 2 ** len(state.halvings))
+            decay = InverseTimeDecay(end, start=start / end, floor=floor)
+        return replace(state, end=end, decay=decay)
 
-    def _note_budget(self, history: History, stage: str, cap: float) -> None:
-        """Record that the budget, not the rule, ended ``stage`` (at ``len(history)``)."""
-        if len(history) >= cap * self.max_epochs and not self._done(
-            history, stage, self.starts[stage]
+    def _forced(self, state: RunState, history: History, stage: str) -> str | None:
+        """The run's forced stage, ``stage`` where the budget, not the rule, ended it."""
+        if self._capped(history, stage) and not self._done(
+            state, history, stage, state.starts[stage]
         ):
-            self.forced = self.forced or stage
+            return state.forced or stage
+        return state.forced
+
+    def restores_best(self, done: int) -> bool:
+        """Whether the parameters take the full-rate stage's best-scoring average now.
+
+        After ``done`` epochs, where the rule reads scores and the run's last stage begins
+        with the next epoch (:meth:`~pyro_bbb.training.scoring.IterateAverage.restore_best`),
+        or a halved phase does: it starts from the stage's best rather than its last iterates.
+        """
+        state = self.state
+        return (
+            self.rule.reads_scores
+            and state.forced is None
+            and (state.starts.get(self._successor("train")) == done or done in state.halvings)
+        )
 
     # ---------------------------------------------------------------- resuming
     def restore(self, history: History) -> None:
@@ -392,62 +507,50 @@ class AutoEpochs:
                 "the checkpoint was written by a fit with a fixed number of epochs; resume "
                 "it with epochs= the total to reach"
             )
-        self.starts, self.halvings = {}, []
+        state = RunState({})
         for epoch, stage in enumerate(history.stage):
-            if stage not in self.starts:
-                self.starts[stage] = epoch
-                self._place(stage, _first(history, epoch))
+            if stage not in state.starts:
+                state = self._begin(state, stage, _first(history, epoch))
             elif self.halves and stage == "train" and _lowered(history.lr, epoch):
-                self.halvings.append(epoch)  # in "train", only a halving lowers the rate
-        self.after_epoch(history, None)
+                state = replace(state, halvings=(*state.halvings, epoch))  # only a halving
+        self._apply(self._next(state, history), None)
 
     # ---------------------------------------------------------------- the end
     def stopped(self, history: History) -> str:
         """Why the run ended, in a sentence or two (``History.stopped``)."""
-        train = self.starts.get("train")
-        after = self.starts.get("decay", self.starts.get("end"))
-        if self.forced is not None:
-            stage = self.forced
-            start = self.starts[stage]
-            end = self.starts.get("warmup" if stage == "fit" else "decay", len(history))
+        state = self.state
+        train, after = state.starts.get("train"), state.after()
+        if state.forced is not None:
+            stage = state.forced
+            start = state.starts[stage]
+            end = state.starts.get(STAGE_TABLE[stage].then, len(history))
             moving = self.rule.judge(history, stage, start, end, self.scored).found
             steps = self.max_epochs * self.steps_per_epoch
             return (
                 f"the budget of {self.max_epochs:,} epochs ({steps:,} steps) ended "
-                f"{_STAGE_NAMES[stage]} before its test passed: {moving}; pass "
+                f"{STAGE_TABLE[stage].called} before its test passed: {moving}; pass "
                 f"max_steps={2 * steps:,} to give it more"
             )
         if train is None or after is None:
-            return f"stopped during the {self.stage(len(history) - 1)!r} stage"
-        ended = self.rule.judge(
-            history, "train", self._phase_start(after - 1), after, self.scored
-        ).found
-        if self.halvings:
-            at = ", ".join(f"{epoch:,}" for epoch in self.halvings)
+            return f"stopped during the {state.stage(len(history) - 1)!r} stage"
+        phase = state.phase_start(after - 1)
+        ended = self.rule.judge(history, "train", phase, after, self.scored).found
+        if state.halvings:
+            at = ", ".join(f"{epoch:,}" for epoch in state.halvings)
             ended += (
-                f" at 1/{2 ** len(self.halvings)} of the rate (halved after epochs {at}, "
+                f" at 1/{2 ** len(state.halvings)} of the rate (halved after epochs {at}, "
                 "each from the best average before it)"
             )
-        best = self._best_epoch(history, self._phase_start(after - 1), after)
+        best = best_epoch(history, phase, after, self.scored) if self.rule.reads_scores else None
         if best is not None:
             ended += f"; the stage's best average (epoch {best:,}) kept"
         last = len(history) - after
         if not last:
             return f"ended when {ended}"
         rows = "on every row, the held-out ones given back" if self.gives_back else "on every row"
-        rate = "the rate decayed" if self._decay is not None else "it trained on"
+        rate = "the rate decayed" if state.decay is not None else "it trained on"
         epochs = "epoch" if last == 1 else "epochs"
         return f"ended when {ended}; then {rate} over {last:,} {epochs} {rows}"
-
-    def _best_epoch(self, history: History, train: int, after: int) -> int | None:
-        """The epoch whose average scored best in the full-rate stage, where it is kept."""
-        if not self.rule.reads_scores:
-            return None
-        while train < after - 1 and history.beta[train] != history.beta[after - 1]:
-            train += 1  # the average kept is the best since beta last changed
-        scores = self._scores(history, train, after)
-        read = [(v, e) for e, v in enumerate(scores, start=train) if not math.isnan(v)]
-        return max(read, key=lambda score_epoch: score_epoch[0])[1] if read else None
 
     def warning(self, history: History) -> str | None:
         """What to warn of at the end, or ``None``.
@@ -471,7 +574,7 @@ class AutoEpochs:
         """
         if self.forced is not None:
             return Convergence(False, None, None, None, self.stopped(history))
-        train, after = self.starts.get("train"), self.starts.get("decay", self.starts.get("end"))
+        train, after = self.state.starts.get("train"), self.state.after()
         if train is None or after is None or after - train < MIN_WINDOW:
             return check_convergence(history)
         first = min(after - (after - train) // 2, after - MIN_WINDOW)

@@ -13,7 +13,9 @@ This module decides how many and which:
 * :func:`held_out_rows`: none when that is under :data:`MIN_HELD_OUT` rows (too few to
   score; :func:`held_out_split` warns then);
 * :func:`hold_out`: which, by a seeded permutation (the same on every process and on
-  resuming).
+  resuming);
+* :func:`resolve_validation`: all of that at once, ``fit``'s ``validation`` as the one
+  :class:`Validation` the rest of the run reads.
 
 The held-out rows are given back before the run's end (its decay trains on every row), so
 the returned guide has seen all the data. Nothing here trains.
@@ -22,6 +24,7 @@ the returned guide has seen all the data. Nothing here trains.
 from __future__ import annotations
 
 import warnings
+from typing import NamedTuple
 
 import torch
 
@@ -29,11 +32,13 @@ from .._validation import check_has_values
 
 __all__ = [
     "MIN_HELD_OUT",
+    "Validation",
     "check_validation",
     "held_out_fraction",
     "held_out_rows",
     "held_out_split",
     "hold_out",
+    "resolve_validation",
     "scorable",
 ]
 
@@ -197,6 +202,33 @@ def held_out_split(
         seed = int(torch.randint(0, 2**31 - 1, ()))
     train, held = hold_out(num_data, count, seed)
     return train, held, seed
+
+
+class Validation(NamedTuple):
+    """``fit``'s ``validation``, resolved: what an automatic run holds out and what it scores."""
+
+    #: The share of tensor data's rows held out of the steps (0: none).
+    fraction: float
+    #: Rows of the user's own to score, ``(x_val, y_val)``, or ``None``.
+    pair: tuple[torch.Tensor, torch.Tensor] | None
+
+
+def resolve_validation(
+    validation: float | tuple[torch.Tensor, torch.Tensor] | None,
+    model: object,
+    x: object,
+    epochs: int | None,
+    until: str,
+) -> Validation:
+    """Check ``fit``'s ``validation`` and resolve it: the share held out, or the pair scored.
+
+    Raises:
+        TypeError: As :func:`check_validation`.
+        ValueError: As :func:`check_validation` and :func:`held_out_fraction`.
+    """
+    check_validation(validation, epochs, until)
+    fraction = held_out_fraction(model, x, epochs, validation)
+    return Validation(fraction, validation if isinstance(validation, tuple) else None)
 
 
 def _shown(validation: object) -> str:

@@ -21,7 +21,7 @@ import sys
 import warnings
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager, suppress
-from typing import Any
+from typing import Any, NamedTuple
 
 import pyro
 import pyro.poutine as poutine
@@ -44,7 +44,7 @@ from .captured import static_steps
 from .checkpoint import Checkpointing, FitState, fit_options
 from .convergence import ConvergenceWarning
 from .distributed import DataParallel, data_parallel
-from .held_out import check_validation, held_out_fraction, held_out_split
+from .held_out import held_out_split, resolve_validation
 from .history import History
 from .lr_schedules import LRSchedule, LRScheduleLike
 from .minibatches import Batches, check_likelihood_scale, make_batches
@@ -307,68 +307,47 @@ def fit(
             losses are read once an epoch), naming the epoch, the first step whose loss
             was not finite and the sites whose terms were not finite there.
     """
-    # the run: its options, processes, checkpoints, device, seed and data
-    check_int("epochs", epochs, optional=True)
-    check_int("batch_size", batch_size, optional=True)
-    check_int("num_particles", num_particles, optional=True)
-    if lr is not None:
-        check_positive_number("lr", lr)
-    until = check_automatic(epochs, max_steps, until)
-    check_validation(validation, epochs, until)
-    handler = estimator(reparam)
+    # set-up: the options, the rows, the run's length, the objective, where the fit starts
+    until = _check_options(epochs, batch_size, num_particles, lr, max_steps, until)
+    held = resolve_validation(validation, model, x, epochs, until)  # read here alone
     parallel = data_parallel()  # a world of one unless torch.distributed is initialised
-    fraction = held_out_fraction(model, x, epochs, validation)
     options = fit_options(
         x, batch_size=batch_size, shuffle=shuffle, num_particles=num_particles, reparam=reparam,
-        epochs=epochs, until=until, validation=fraction,
-        pair=validation if isinstance(validation, tuple) else None,
+        epochs=epochs, until=until, validation=held.fraction, pair=held.pair,
     )  # fmt: skip
     saving = Checkpointing(
         checkpoint, checkpoint_every, resume, epochs=epochs, world_size=parallel.world_size,
         options=options,
     )  # fmt: skip
     data_device, seed = _place(model, guide, device, seed, parallel)
-    order_seed = saving.order_seed(seed)
-    rows, held, order_seed = held_out_split(_rows(x), fraction, order_seed)
+    rows, held_rows, order_seed = held_out_split(_rows(x), held.fraction, saving.order_seed(seed))
     batches = make_batches(
         model, x, y, batch_size, shuffle, data_device,
         seed=order_seed, rank=parallel.rank, world_size=parallel.world_size, rows=rows,
     )  # fmt: skip
-    held_out = held_out_score(x, y, held, validation, order_seed, data_device)
+    held_out = held_out_score(x, y, held_rows, held.pair, order_seed, data_device)
     length, schedule, lr_schedule = run_length(
         epochs, max_steps, len(batches), beta, lr_schedule,
         until=until, scored=held_out is not None, every=score_every(len(batches)),
         gives_back=rows is not None, halves=_rate_is_fits(lr, optimizer),
         steps_given_back=len(batches.every_row) if batches.every_row is not None else None,
     )  # fmt: skip
-
-    # the objective, the parameters it creates, the optimiser, where the fit starts from
-    elbo = AnnealedELBO(schedule(0.0), num_particles=num_particles or 1)
-    first = next(iter(batches()))
-    check_likelihood_scale(model, first, batches.num_data)
-    named, params, first_terms = _parameters(model, guide, elbo, handler, first)
-    mark_fitted(params)  # a guide built later that would take them says so
-    if num_particles is None:  # known once the guide is set up: what it draws
-        draws, rows = draw_size(guide, *first), len(first[0])
-        elbo.set_num_particles(default_num_particles(draws, rows))  # its set-up is kept
-    draws = _settle_draws(model, guide, elbo, reparam, first)
-    fused = _fused(model, guide, elbo, reparam, first_terms, params)
+    handler = estimator(reparam)
+    objective = _objective(model, guide, schedule, num_particles, reparam, handler, batches)
+    elbo, first, params = objective.elbo, objective.first, objective.params
     optim = make_optimizer(optimizer, params, default_lr(model) if lr is None else lr)
     rates = LRSchedule(lr_schedule, optim)
     parallel.broadcast_(params)  # every process starts from rank 0's parameters
     history = History(
-        num_data=batches.num_data, num_particles=elbo.num_particles, draws=draws,
+        num_data=batches.num_data, num_particles=elbo.num_particles, draws=objective.draws,
         held_out=0 if held_out is None else len(held_out),
         until=None if epochs is not None else until,
     )  # fmt: skip
-    sample = None  # what an automatic run scores; a fixed one reads no rows for it
-    if epochs is None:
-        rows_read = batches.sample(SAMPLE_ROWS)
-        sample = SampleFit(*rows_read, num_data=batches.num_data, seed=order_seed or 0)
-    scores = Scores(params, sample, held_out)  # an automatic run's, of the recent iterates
+    scores = Scores(params, _sample_fit(batches, epochs, order_seed), held_out)
     state = FitState(
-        model, guide, named, params, optim, history, batches.seed, first, rates, scores.average
-    )
+        model, guide, objective.named, params, optim, history, batches.seed, first, rates,
+        scores.average,
+    )  # fmt: skip
     _resume_or_seed(state, saving, parallel, seed)
     length.restore(history)
     monitor = CollapseMonitor(model, guide, *first)
@@ -379,42 +358,30 @@ def fit(
         callback.on_fit_start(params, history)
     show = (sys.stderr.isatty() if progress is None else progress) and parallel.is_main
     bar = _Progress(length.total, show, initial=len(history))
-    done = history.steps[-1] if history.steps else 0
     runner = static_steps(
-        cuda_graph, fused, optim, rates, params, callbacks, parallel, data_device
+        cuda_graph, objective.fused, optim, rates, params, callbacks, parallel, data_device
     )  # after the resume: the optimiser's rates become tensors there
     steps = Steps(
         model, guide, elbo, handler, optim, params, parallel, callbacks, rates,
-        step=done, fused=fused, runner=runner,
+        step=history.steps[-1] if history.steps else 0, fused=objective.fused, runner=runner,
     )  # fmt: skip
-    every_row = batches.every_row or batches
-    stop = False
+    every_row, stop = batches.every_row or batches, False
     with kept_heap(data_device.type == "cpu"):  # a step reuses what the last one freed
         for epoch in length.run(len(history)):
             record = steps.epoch(batches if length.holds_out(epoch) else every_row, epoch, schedule)
-            read = math.nan, math.nan, math.nan
-            if length.averages(epoch):
-                read = scores.after_epoch(
-                    model, guide, length.stage(epoch), length.reads(epoch), elbo.beta,
-                    phase=length.phase(epoch),
-                )  # fmt: skip
-            _append(
-                history, record, collapsed=monitor.fraction(), stage=length.stage(epoch),
-                scores=read,
-            )  # fmt: skip
+            read = _scored(scores, length, model, guide, epoch, elbo.beta)
+            _append(history, record, monitor.fraction(), length.stage(epoch), read)
             length.after_epoch(history, optim)
             if length.restores_best(len(history)):
-                scores.average.restore_best()  # the last stage starts from the stage's best
+                scores.average.restore_best()  # the next phase starts from the stage's best
             bar.update(record, elbo.beta, length, read)
             stop = any(callback.on_epoch_end(epoch, history) for callback in callbacks)
             saving.after_epoch(state, parallel, final=stop or length.finished)
             if stop:
                 break
-    history.stopped = (
-        f"a callback stopped the run after epoch {len(history) - 1:,}"
-        if stop
-        else length.stopped(history)
-    )
+
+    # the end: why it ended, the convergence check, the warnings
+    history.stopped = _stopped(length, history, stop)
     bar.close(history.stopped)
     history.convergence = length.convergence(history)
     _stamp(guide, history.until)
@@ -427,6 +394,103 @@ def fit(
 
 
 # ----------------------------------------------------------------------------- the parts
+def _check_options(
+    epochs: int | None,
+    batch_size: int | None,
+    num_particles: int | None,
+    lr: float | None,
+    max_steps: int | None,
+    until: str | None,
+) -> str:
+    """Check ``fit``'s counts, rate and run length; return the automatic run's rule.
+
+    Returns:
+        ``until``, ``None`` read as ``"predictive"`` (:func:`~.run_length.check_automatic`).
+    """
+    check_int("epochs", epochs, optional=True)
+    check_int("batch_size", batch_size, optional=True)
+    check_int("num_particles", num_particles, optional=True)
+    if lr is not None:
+        check_positive_number("lr", lr)
+    return check_automatic(epochs, max_steps, until)
+
+
+class _Objective(NamedTuple):
+    """The ELBO a fit steps on and what its first evaluation set up."""
+
+    elbo: AnnealedELBO
+    #: The first batch (the set-up evaluation's, the collapse check's and a checkpoint's).
+    first: tuple[torch.Tensor, ...]
+    #: Every parameter by param-store name.
+    named: dict[str, torch.Tensor]
+    #: The distinct trainable parameters.
+    params: list[torch.Tensor]
+    #: How weight draws reach the network (``History.draws``).
+    draws: str
+    #: The fused evaluation of the steps, or ``None`` to trace model and guide.
+    fused: FusedELBO | None
+
+
+def _objective(
+    model: Callable[..., Any],
+    guide: Callable[..., Any],
+    schedule: Callable[[float], float],
+    num_particles: int | None,
+    reparam: str | None,
+    handler: Callable[[], AbstractContextManager],
+    batches: Batches,
+) -> _Objective:
+    """The ELBO on ``batches``, the parameters its first evaluation creates, the draws' path.
+
+    The number of particles ``None`` asks for is known once the guide is set up (what it
+    draws); the fused step is taken where it covers that evaluation.
+    """
+    elbo = AnnealedELBO(schedule(0.0), num_particles=num_particles or 1)
+    first = next(iter(batches()))
+    check_likelihood_scale(model, first, batches.num_data)
+    named, params, first_terms = _parameters(model, guide, elbo, handler, first)
+    mark_fitted(params)  # a guide built later that would take them says so
+    if num_particles is None:  # its set-up is kept
+        drawn = draw_size(guide, *first)
+        elbo.set_num_particles(default_num_particles(drawn, len(first[0])))
+    draws = _settle_draws(model, guide, elbo, reparam, first)
+    fused = _fused(model, guide, elbo, reparam, first_terms, params)
+    return _Objective(elbo, first, named, params, draws, fused)
+
+
+def _sample_fit(batches: Batches, epochs: int | None, seed: int | None) -> SampleFit | None:
+    """What an automatic run scores the fit on: a fixed sample of training rows.
+
+    ``None`` in a fixed run, which reads no rows for it.
+    """
+    if epochs is not None:
+        return None
+    return SampleFit(*batches.sample(SAMPLE_ROWS), num_data=batches.num_data, seed=seed or 0)
+
+
+def _scored(
+    scores: Scores,
+    length: RunLength,
+    model: Callable[..., Any],
+    guide: Callable[..., Any],
+    epoch: int,
+    beta: float,
+) -> tuple[float, float, float]:
+    """Average epoch ``epoch`` in and read what the run reads after it (``nan``: nothing)."""
+    if not length.averages(epoch):
+        return math.nan, math.nan, math.nan
+    return scores.after_epoch(
+        model, guide, length.stage(epoch), length.reads(epoch), beta, phase=length.phase(epoch)
+    )
+
+
+def _stopped(length: RunLength, history: History, stop: bool) -> str:
+    """Why the run ended (``History.stopped``): a callback (``stop``), or its length's end."""
+    if stop:
+        return f"a callback stopped the run after epoch {len(history) - 1:,}"
+    return length.stopped(history)
+
+
 def _rate_is_fits(lr: float | None, optimizer: OptimizerSpec | None) -> bool:
     """Whether ``fit`` chose the rate: no ``lr``, and no optimiser built by the user's function.
 
@@ -522,7 +586,7 @@ def _settle_draws(
         nesting = getattr(model, "max_plate_nesting", 1)
         settle_draws(net, batch[0], plate_dim=-(nesting + 1))
         described = describe_draws(net)
-    warn_slower_paths(model, reparam, several_draws=several, stacklevel=3)
+    warn_slower_paths(model, reparam, several_draws=several, stacklevel=4)
     return described
 
 
@@ -569,12 +633,11 @@ def _resume_or_seed(
 def _append(
     history: History,
     record: EpochRecord,
-    *,
     collapsed: float,
     stage: str,
     scores: tuple[float, float, float],
 ) -> None:
-    """Append one epoch to every list of ``history``."""
+    """Append one epoch to every list of ``history``: its record, collapse, stage and scores."""
     history.loss.append(record.loss)
     history.loss_per_datum.append(record.loss / history.num_data)
     history.nll.append(record.nll)

@@ -46,6 +46,7 @@ from ..infer.elbo import AnnealedELBO
 from ..infer.predictive import predict
 from ..infer.reparam import estimator
 from ..nn.draws import kept_buffers
+from .history import History
 
 __all__ = [
     "SCORE_SAMPLES",
@@ -54,7 +55,9 @@ __all__ = [
     "IterateAverage",
     "SampleFit",
     "Scores",
+    "best_epoch",
     "held_out_score",
+    "kept_score",
     "score_every",
 ]
 
@@ -75,6 +78,38 @@ _SEED_OFFSET = 104_729
 def score_every(steps_per_epoch: int) -> int:
     """Score after every epoch of at least :data:`SCORE_STEPS` steps, else every few epochs."""
     return max(1, math.ceil(SCORE_STEPS / steps_per_epoch))
+
+
+def kept_score(nll: float, kl: float, validation: float, scored: bool) -> float:
+    """What the full-rate stage keeps its best average by, of one epoch's scores.
+
+    The held-out rows' score where rows are scored (``scored``), else the β = 1 ELBO on the
+    training sample, ``-(nll + kl)``: the objective itself, not its likelihood part alone,
+    which would prefer the narrowest posterior. Higher is better; ``nan`` where not read.
+    The one definition: :class:`Scores` decides by it which average to keep
+    (:meth:`IterateAverage.keep_if_best` records it), and :func:`best_epoch` names, from
+    the History, the epoch kept.
+    """
+    return validation if scored else -(nll + kl)
+
+
+def best_epoch(history: History, start: int, end: int, scored: bool) -> int | None:
+    """The epoch of ``start`` to ``end - 1`` whose average scored best (:func:`kept_score`).
+
+    Among the epochs since β last changed (scores at another β are of another objective);
+    ``None`` where none was read.
+    """
+    while start < end - 1 and history.beta[start] != history.beta[end - 1]:
+        start += 1
+    rows = zip(
+        history.averaged_nll[start:end],
+        history.averaged_kl[start:end],
+        history.validation[start:end],
+        strict=True,
+    )
+    scores = [kept_score(nll, kl, v, scored) for nll, kl, v in rows]
+    read = [(v, e) for e, v in enumerate(scores, start=start) if not math.isnan(v)]
+    return max(read, key=lambda score_epoch: score_epoch[0])[1] if read else None
 
 
 class IterateAverage:
@@ -250,7 +285,7 @@ def held_out_score(
     x: object,
     y: object,
     held: torch.Tensor | None,
-    validation: object,
+    pair: tuple[torch.Tensor, torch.Tensor] | None,
     seed: int | None,
     device: torch.device,
 ) -> HeldOutScore | None:
@@ -260,7 +295,7 @@ def held_out_score(
         x: ``fit``'s features.
         y: ``fit``'s targets.
         held: The held-out rows' indices, or ``None``.
-        validation: ``fit``'s ``validation``: a pair is scored as given.
+        pair: Rows of the user's own ``(x_val, y_val)``, scored as given, or ``None``.
         seed: The seed of the minibatch order (the scores' draws derive from it).
         device: The training device.
 
@@ -268,8 +303,8 @@ def held_out_score(
         The :class:`HeldOutScore`, or ``None`` when nothing is scored.
     """
     seed = 0 if seed is None else seed
-    if isinstance(validation, tuple):
-        x_val, y_val = (t.to(device) for t in validation)
+    if pair is not None:
+        x_val, y_val = (t.to(device) for t in pair)
         return HeldOutScore(x_val, y_val, seed=seed)
     if held is None:
         return None
@@ -327,6 +362,7 @@ class Scores:
                     nll, kl = self.fit(model, guide)
                 if "validation" in reads and self.held_out is not None:
                     validation = self.held_out(model, guide)
-        if stage == "train":  # the held-out rows' score, else the beta = 1 ELBO's: higher is better
-            self.average.keep_if_best(validation if "validation" in reads else -(nll + kl), beta)
+        if stage == "train":
+            scored = self.held_out is not None
+            self.average.keep_if_best(kept_score(nll, kl, validation, scored), beta)
         return nll, kl, validation

@@ -62,6 +62,7 @@ __all__ = [
     "StopRule",
     "StopsPaying",
     "Verdict",
+    "fit_scores",
 ]
 
 #: Nats a row (or a data point) the last half of the full-rate stage must gain to go on.
@@ -205,6 +206,16 @@ class Converges(StopRule):
         cap = math.ceil(self.max_decay_multiple * start)
         length = max(1, min(math.ceil(tau * (1 / STRICT_DECAY_FLOOR - 1)), cap))
         return length, max(STRICT_DECAY_FLOOR, tau / (tau + length))
+
+
+def fit_scores(history: History, scored: bool) -> list[float]:
+    """What the full-rate stage's fit reads per epoch: the held-out or the training fit.
+
+    The held-out rows' score, or the expected log-likelihood of the training sample
+    (``-averaged_nll``): a halving is judged by the fit alone, not by the KL, which creeps
+    towards the prior for thousands of steps at any rate.
+    """
+    return history.validation if scored else [-v for v in history.averaged_nll]
 
 
 def _fit_paid_off(history: History, start: int, end: int) -> Verdict:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import ast
 import copy
+import inspect
 import math
 from types import SimpleNamespace
 
@@ -26,6 +28,7 @@ from pyro_bbb import (
 )
 from pyro_bbb.infer import LinearWarmup
 from pyro_bbb.priors import ScaleMixture
+from pyro_bbb.training import loop
 
 from ..support import requires_cuda
 
@@ -580,3 +583,17 @@ def test_the_history_and_the_guide_record_which_question_ended_the_run(options, 
     history = fit(model, guide, x, y, progress=False, seed=0, **options)
     assert history.until == until
     assert guide.fit_until == until
+
+
+# --- the shape of fit ----------------------------------------------------------------------
+
+
+def test_fit_reads_in_one_screen():
+    """fit's body, its docstring, blank lines and comments aside, is at most 80 lines of code."""
+    source = inspect.getsource(loop)
+    tree = ast.parse(source)
+    node = next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == "fit")
+    body = node.body[1:] if isinstance(node.body[0], ast.Expr) else node.body
+    lines = source.splitlines()[body[0].lineno - 1 : node.end_lineno]
+    code = [line for line in lines if line.strip() and not line.strip().startswith("#")]
+    assert len(code) <= 80
