@@ -43,8 +43,8 @@ from .._validation import (
     check_tensor,
 )
 from ..infer.guides import LowRankGuide, MeanFieldGuide
-from ..infer.mcmc.potential import module_in_training_mode
 from ..model import BNN
+from ..nn.training_mode import module_in_training_mode
 from ..priors.precision_normal import CovarianceRootNormal
 from .empirical_bayes import NoiseEstimate, PriorScaleEstimate
 from .guide import Belief, CovarianceRoot, LowRankPrecisionGuide
