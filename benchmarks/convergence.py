@@ -31,6 +31,8 @@ already there are skipped, so the script resumes); ``--table`` prints the tables
 from __future__ import annotations
 
 import argparse
+import functools
+import itertools
 import statistics
 import sys
 import time
@@ -42,7 +44,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.problems, from the root
 
-from _common import append_row, read_rows
+from _common import add_run_arguments, grouped, markdown_table, run_missing, stage_starts
 
 import pyro_bbb as bbb
 from pyro_bbb.training.convergence import ConvergenceWarning
@@ -88,9 +90,6 @@ def run(problem: str, guide_name: str, protocol: str, seed: int) -> dict:
     marginals = guide.marginals(x, y)
     loc = torch.cat([marginals["0.weight"][0].reshape(-1), marginals["0.bias"][0]]).detach()
     sd = torch.cat([marginals["0.weight"][1].reshape(-1), marginals["0.bias"][1]]).detach()
-    stages = {}
-    for epoch, stage in enumerate(history.stage):
-        stages.setdefault(stage, epoch) if stage else None
     return {
         "problem": problem,
         "guide": guide_name,
@@ -103,68 +102,61 @@ def run(problem: str, guide_name: str, protocol: str, seed: int) -> dict:
         "seconds": seconds,
         "converged": history.converged,
         "warned": any(issubclass(w.category, ConvergenceWarning) for w in caught),
-        "stages": stages,
+        "stages": stage_starts(history),
         "message": history.convergence.message,
     }
 
 
 def table(rows: list[dict]) -> str:
     """Markdown: per problem, guide and protocol, the largest errors and the run's length."""
-    groups: dict[tuple, list[dict]] = {}
-    for row in rows:
-        groups.setdefault((row["problem"], row["guide"], row["protocol"]), []).append(row)
-    lines = [
-        "| problem | guide | protocol | seeds | sd error, max (median) | mean error (sd), max "
-        "| epochs, median [range] | wall s, median | converged | warned |",
-        "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
-    ]
+    header = (
+        "problem", "guide", "protocol", "seeds", "sd error, max (median)",
+        "mean error (sd), max", "epochs, median [range]", "wall s, median", "converged",
+        "warned",
+    )  # fmt: skip
+    groups = grouped(rows, ("problem", "guide", "protocol"))
     order = {name: i for i, name in enumerate(PROBLEMS)}
+    lines = []
     for (problem, guide, protocol), group in sorted(
         groups.items(), key=lambda kv: (order[kv[0][0]], kv[0][1], kv[0][2])
     ):
         sd = [r["sd_error"] for r in group]
         epochs = [r["epochs"] for r in group]
-        lines.append(
-            f"| {problem} | {guide} | {protocol} | {len(group)} | {100 * max(sd):.1f} % "
-            f"({100 * statistics.median(sd):.1f} %) | {max(r['mean_error'] for r in group):.3f} "
-            f"| {statistics.median(epochs):,.0f} [{min(epochs):,}, {max(epochs):,}] "
-            f"| {statistics.median(r['seconds'] for r in group):.1f} "
-            f"| {sum(bool(r['converged']) for r in group)}/{len(group)} "
-            f"| {sum(r['warned'] for r in group)}/{len(group)} |"
-        )
-    return "\n".join(lines)
+        lines.append((
+            problem, guide, protocol, len(group),
+            f"{100 * max(sd):.1f} % ({100 * statistics.median(sd):.1f} %)",
+            f"{max(r['mean_error'] for r in group):.3f}",
+            f"{statistics.median(epochs):,.0f} [{min(epochs):,}, {max(epochs):,}]",
+            f"{statistics.median(r['seconds'] for r in group):.1f}",
+            f"{sum(bool(r['converged']) for r in group)}/{len(group)}",
+            f"{sum(r['warned'] for r in group)}/{len(group)}",
+        ))  # fmt: skip
+    return markdown_table(header, lines, text=3)
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=Path("convergence.jsonl"))
+    add_run_arguments(parser, "convergence.jsonl")
     parser.add_argument("--problems", nargs="+", default=list(PROBLEMS), choices=list(PROBLEMS))
     parser.add_argument("--guides", nargs="+", default=["meanfield", "lowrank"])
     parser.add_argument("--protocols", nargs="+", default=list(PROTOCOLS), choices=PROTOCOLS)
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2, 3])
-    parser.add_argument("--table", action="store_true", help="print the tables and exit")
     args = parser.parse_args(argv)
-    done = read_rows(args.out)
-    if args.table:
-        print(table(done))
-        return
-    torch.set_num_threads(1)
-    keys = {(r["problem"], r["guide"], r["protocol"], r["seed"]) for r in done}
-    for problem in args.problems:
-        for seed in args.seeds:
-            for guide in args.guides:
-                for protocol in args.protocols:
-                    if (problem, guide, protocol, seed) in keys:
-                        continue
-                    row = run(problem, guide, protocol, seed)
-                    append_row(args.out, row)
-                    print(
-                        f"{problem} {guide} {protocol} seed {seed}: sd {row['sd_error']:.3f} "
-                        f"mean {row['mean_error']:.3f} epochs {row['epochs']} "
-                        f"{row['seconds']:.0f} s converged {row['converged']}",
-                        flush=True,
-                    )
-    print(table(read_rows(args.out)))
+
+    def runs():
+        every = itertools.product(args.problems, args.seeds, args.guides, args.protocols)
+        for problem, seed, guide, protocol in every:
+            key = {"problem": problem, "guide": guide, "protocol": protocol, "seed": seed}
+            yield key, functools.partial(run, problem, guide, protocol, seed)
+
+    def describe(row):
+        return (
+            f"{row['problem']} {row['guide']} {row['protocol']} seed {row['seed']}: "
+            f"sd {row['sd_error']:.3f} mean {row['mean_error']:.3f} epochs {row['epochs']} "
+            f"{row['seconds']:.0f} s converged {row['converged']}"
+        )
+
+    run_missing(args, runs(), table=table, describe=describe)
 
 
 if __name__ == "__main__":

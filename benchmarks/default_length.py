@@ -28,6 +28,7 @@ resumes); ``--table`` prints the tables. CPU seconds are the process's (one thre
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import time
@@ -35,8 +36,7 @@ import warnings
 from pathlib import Path
 
 import pyro
-import torch
-from _common import append_row, read_rows
+from _common import add_run_arguments, grouped, markdown_table, run_missing, stage_starts
 
 import pyro_bbb as bbb
 from pyro_bbb.bench.uci import UCIConfig, fit_split
@@ -51,15 +51,11 @@ def _fit(model, guide, x, y, epochs, **options) -> dict:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         history = bbb.fit(model, guide, x, y, epochs=epochs, progress=False, **options)
-    stages: dict[str, int] = {}
-    for epoch, stage in enumerate(history.stage):
-        if stage:
-            stages.setdefault(stage, epoch)
     return {
         "cpu": time.process_time() - start,
         "epochs": len(history),
         "steps": history.steps[-1],
-        "stages": stages,
+        "stages": stage_starts(history),
         "stopped": history.stopped,
         "warned": [str(w.message) for w in caught if issubclass(w.category, ConvergenceWarning)],
     }
@@ -118,57 +114,51 @@ def run(problem: str, protocol: str, seed: int, args: argparse.Namespace) -> dic
 
 def table(rows: list[dict]) -> str:
     """Markdown: per problem and protocol, medians over seeds (splits for UCI)."""
-    groups: dict[tuple, list[dict]] = {}
-    for row in rows:
-        groups.setdefault((row["problem"], row["protocol"]), []).append(row)
-    lines = [
-        "| problem | protocol | seeds | test LL (mean) | test error | test NLL | epochs "
-        "(median) | CPU s (median) | warned |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
-    ]
+    header = (
+        "problem", "protocol", "seeds", "test LL (mean)", "test error", "test NLL",
+        "epochs (median)", "CPU s (median)", "warned",
+    )  # fmt: skip
 
     def mean(group, key, fmt):
         values = [r[key] for r in group if key in r]
         return fmt.format(statistics.fmean(values)) if values else ""
 
-    for (problem, protocol), group in sorted(groups.items()):
+    lines = []
+    for (problem, protocol), group in sorted(grouped(rows, ("problem", "protocol")).items()):
         epochs = [r["epochs"] for r in group if "epochs" in r]
-        lines.append(
-            f"| {problem} | {protocol} | {len(group)} | {mean(group, 'test_ll', '{:.3f}')} "
-            f"| {mean(group, 'test_error', '{:.2%}')} | {mean(group, 'test_nll', '{:.3f}')} "
-            f"| {statistics.median(epochs) if epochs else ''} "
-            f"| {statistics.median(r['cpu'] for r in group):.1f} "
-            f"| {sum(bool(r['warned']) for r in group)}/{len(group)} |"
-        )
-    return "\n".join(lines)
+        lines.append((
+            problem, protocol, len(group), mean(group, "test_ll", "{:.3f}"),
+            mean(group, "test_error", "{:.2%}"), mean(group, "test_nll", "{:.3f}"),
+            statistics.median(epochs) if epochs else "",
+            f"{statistics.median(r['cpu'] for r in group):.1f}",
+            f"{sum(bool(r['warned']) for r in group)}/{len(group)}",
+        ))  # fmt: skip
+    return markdown_table(header, lines, text=2)
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=Path("default_length.jsonl"))
+    add_run_arguments(parser, "default_length.jsonl")
     parser.add_argument("--problems", nargs="+", default=["gap"])
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2, 3])
     parser.add_argument("--mnist", type=Path, default=FASHION_MNIST)
     parser.add_argument("--uci", type=Path, default=Path("../shared/data/uci"))
-    parser.add_argument("--table", action="store_true", help="print the table and exit")
     args = parser.parse_args(argv)
-    done = read_rows(args.out)
-    if args.table:
-        print(table(done))
-        return
-    torch.set_num_threads(1)
-    keys = {(r["problem"], r["protocol"], r["seed"]) for r in done}
-    for problem in args.problems:
-        kind = problem.split(":")[0]
-        protocols = ["b64", "b128"] if kind == "mnist60k" else ["auto", *map(str, FIXED[kind])]
-        for seed in args.seeds:
-            for protocol in protocols:
-                if (problem, protocol, seed) in keys:
-                    continue
-                row = run(problem, protocol, seed, args)
-                append_row(args.out, row)
-                print(json.dumps({k: v for k, v in row.items() if k != "stopped"}), flush=True)
-    print(table(read_rows(args.out)))
+
+    def runs():
+        for problem in args.problems:
+            kind = problem.split(":")[0]
+            fixed = map(str, FIXED[kind])
+            protocols = ["b64", "b128"] if kind == "mnist60k" else ["auto", *fixed]
+            for seed in args.seeds:
+                for protocol in protocols:
+                    key = {"problem": problem, "protocol": protocol, "seed": seed}
+                    yield key, functools.partial(run, problem, protocol, seed, args)
+
+    def describe(row):
+        return json.dumps({k: v for k, v in row.items() if k != "stopped"})
+
+    run_missing(args, runs(), table=table, describe=describe)
 
 
 if __name__ == "__main__":

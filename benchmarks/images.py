@@ -51,7 +51,7 @@ from pathlib import Path
 
 import pyro
 import torch
-from _common import append_row, machine, read_rows
+from _common import append_row, machine, read_rows, stage_starts
 from torch import nn
 
 import pyro_bbb as bbb
@@ -168,15 +168,11 @@ def run_bayesian(
     cpu = time.process_time() - start
     samples = 100 // args.members if name.startswith("ensemble") else 100
     pred = bbb.predict(model, guide, data.x_test, num_samples=samples, batch_size=250, seed=0)
-    stages: dict[str, int] = {}
-    for epoch, stage in enumerate(history.stage):
-        if stage:
-            stages.setdefault(stage, epoch)
     return {
         "cpu": cpu,
         "epochs": len(history),
         "steps": history.steps[-1],
-        "stages": stages,
+        "stages": stage_starts(history),
         "warned": [str(w.message) for w in caught if issubclass(w.category, ConvergenceWarning)],
     } | scores(pred.log_probs, data.y_test)
 

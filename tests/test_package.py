@@ -112,3 +112,70 @@ def test_no_docstring_holds_a_control_character_an_escape_made():
                 if any(c in doc for c in "\t\b\f\v\a\r"):
                     found.append(f"{path.name}: {getattr(node, 'name', 'module')}")
     assert not found
+
+
+def _imports_in_source() -> dict[str, set[str]]:
+    """Each module of the package and the package's modules its source imports, read with `ast`.
+
+    Every import statement counts, those under ``if TYPE_CHECKING:`` and inside functions too;
+    ``from a import b`` is an import of ``a.b`` where that is a module, else of ``a``.
+    """
+    import ast
+    from pathlib import Path
+
+    root = Path(pyro_bbb.__file__).parent
+    modules = {}
+    for path in sorted(root.rglob("*.py")):
+        parts = ("pyro_bbb", *path.relative_to(root).with_suffix("").parts)
+        is_package = parts[-1] == "__init__"
+        modules[".".join(parts[:-1] if is_package else parts)] = (path, is_package)
+
+    graph: dict[str, set[str]] = {}
+    for name, (path, is_package) in modules.items():
+        package = name if is_package else name.rpartition(".")[0]
+        imported = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                imported.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                source = ".".join(base + ([node.module] if node.module else []))
+                if not node.level:
+                    source = node.module
+                for alias in node.names:
+                    full = f"{source}.{alias.name}"
+                    imported.add(full if full in modules else source)
+        graph[name] = {m for m in imported if m in modules and m != name}
+    return graph
+
+
+def _a_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle of ``graph`` as the modules around it, first repeated at the end; else None."""
+    state: dict[str, str] = {}  # "open" while on the path, "done" once every way out is seen
+    path: list[str] = []
+
+    def visit(module: str) -> list[str] | None:
+        state[module] = "open"
+        path.append(module)
+        for imported in sorted(graph[module]):
+            if state.get(imported) == "open":
+                return [*path[path.index(imported) :], imported]
+            if imported not in state and (cycle := visit(imported)):
+                return cycle
+        path.pop()
+        state[module] = "done"
+        return None
+
+    for module in sorted(graph):
+        if module not in state and (cycle := visit(module)):
+            return cycle
+    return None
+
+
+def test_the_import_graph_in_the_source_has_no_cycle_type_checking_imports_included():
+    # The test above follows import-linter and leaves out imports made for type checking; a
+    # circle of those still ties two modules into one concern, so none is allowed either.
+    graph = _imports_in_source()
+    assert "pyro_bbb.training.convergence" in graph["pyro_bbb.training.run_length"]  # it reads
+    cycle = _a_cycle(graph)
+    assert cycle is None, f"the package's imports go round: {' -> '.join(cycle)}"

@@ -15,6 +15,8 @@
   :func:`mlp` in one call;
 * :mod:`~pyro_bbb.nn.network_summary`: :func:`summary`, a table of every parameter of a network;
 * :mod:`~pyro_bbb.nn.multi_head`: :class:`MultiHead`, a shared body with one head per task.
+* :mod:`~pyro_bbb.nn.training_mode`: whether a network is a function of its weights alone
+  (no dropout or normalisation module in training mode).
 
 Nothing in this package knows of guides, training or evaluation.
 """

@@ -39,7 +39,7 @@ This module holds :class:`LoFiState`, the pure :func:`init`, :func:`predict` and
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from functools import partial
 from typing import Any, NamedTuple
 
 import torch
@@ -47,7 +47,7 @@ import torch
 from .._validation import check_int
 from ..priors.precision_normal import CovarianceRootNormal, LowRankPrecisionNormal
 from .guide import Belief, LowRankPrecisionGuide
-from .updater import OnlineUpdater, Start
+from .updater import FilterAlgebra, OnlineUpdater, Start
 
 __all__ = [
     "LoFi",
@@ -339,20 +339,26 @@ class LoFi(OnlineUpdater):
         step_size: float = 1.0,
     ) -> None:
         self.rank = check_int("rank", rank, minimum=0)
-        self.num_iterations = check_int("num_iterations", num_iterations)
+        num_iterations = check_int("num_iterations", num_iterations)
         self.num_samples = check_int("num_samples", num_samples, minimum=2, optional=True)
         if self.num_samples is not None and self.num_samples % 2:
             raise ValueError(f"num_samples must be even (mirrored pairs), got {num_samples}")
         if not 0 < step_size <= 1:
             raise ValueError(f"step_size must be in (0, 1], got {step_size!r}")
         self.step_size = float(step_size)
+        step = partial(update, step_size=self.step_size)
         super().__init__(
             model,
             guide,
+            algebra=FilterAlgebra(
+                predict, draws, step, output_covariance, covariance_rows, shift_prior
+            ),
             guide_rank=self.rank,
             dynamics_noise=dynamics_noise,
             init_loc=init_loc,
             learn_prior_scale=learn_prior_scale,
+            num_iterations=num_iterations,
+            num_draws=self.num_samples,
         )
 
     def _init_state(self, start: Start) -> LoFiState:
@@ -366,33 +372,6 @@ class LoFi(OnlineUpdater):
             fn = CovarianceRootNormal(start.mean, start.covariance_root)
             return init(start.mean, fn.precision_diag, fn.precision_factor, rank=self.rank)
         return init(start.mean, start.precision_diag, start.precision_factor, rank=self.rank)
-
-    def _step(
-        self, state: LoFiState, pull: Callable[[torch.Tensor], tuple]
-    ) -> tuple[LoFiState, LoFiState, torch.Tensor, torch.Tensor]:
-        prior = predict(state, self.dynamics_noise)
-        current = prior
-        for iteration in range(self.num_iterations):
-            if self.num_samples is None:
-                thetas = current.mean.unsqueeze(0)
-            else:
-                thetas = draws(current, self.num_samples)
-            outputs, rows, gradient = pull(thetas)
-            if not iteration:  # the one-step-ahead predictive
-                ahead = outputs, rows
-            flat = rows.reshape(-1, rows.shape[-1]) / thetas.shape[0] ** 0.5
-            iterate = current.mean if iteration else None
-            current = update(prior, gradient, flat, iterate=iterate, step_size=self.step_size)
-        return current, prior, *ahead
-
-    def _output_covariance(self, state: LoFiState, rows: torch.Tensor) -> torch.Tensor:
-        return output_covariance(state, rows)
-
-    def _covariance_rows(self, state: LoFiState, rows: torch.Tensor) -> torch.Tensor:
-        return covariance_rows(state, rows)
-
-    def _shift_prior(self, state: LoFiState, delta, anchor) -> LoFiState:
-        return shift_prior(state, delta, anchor)
 
     def _belief(self, state: LoFiState) -> Belief:
         return state.mean, state.precision_factor, state.precision_diag

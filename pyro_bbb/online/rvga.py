@@ -54,14 +54,13 @@ and :func:`update`, and :class:`RVGA`, the updater a user drives one minibatch a
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import torch
 
 from .._validation import check_int
 from .guide import CovarianceRoot
-from .updater import OnlineUpdater, Start
+from .updater import FilterAlgebra, OnlineUpdater, Start
 
 __all__ = [
     "RVGA",
@@ -117,18 +116,33 @@ def draws(state: RVGAState, num_samples: int) -> torch.Tensor:
     return state.mean + torch.cat([offsets, -offsets])
 
 
-def update(state: RVGAState, gradient: torch.Tensor, curvature_rows: torch.Tensor) -> RVGAState:
+def update(
+    state: RVGAState,
+    gradient: torch.Tensor,
+    curvature_rows: torch.Tensor,
+    *,
+    iterate: torch.Tensor | None = None,
+) -> RVGAState:
     r"""One R-VGA step from the expected gradient and curvature.
+
+    With ``iterate`` :math:`\mu^{(i)}`, a Gauss-Newton step on the implicit equations from it
+    (the module's notes): the gradient gains the prior's pull
+    :math:`P_{t-1}^{-1}(\mu_{t-1} - \mu^{(i)})` and the step starts at :math:`\mu^{(i)}`.
 
     Args:
         state: :math:`q_{t-1}`.
         gradient: :math:`\mathbb{E}_q[\nabla_\theta \log p(y_t \mid \theta)]`, ``(d,)``.
         curvature_rows: :math:`A^\top`, ``(k, d)``, with :math:`AA^\top` the expected
             Gauss-Newton matrix of the minibatch.
+        iterate: :math:`\mu^{(i)}` ``(d,)``, where the expectations were taken; ``None`` for
+            the explicit step, at :math:`q_{t-1}`.
 
     Returns:
         :math:`q_t`.
     """
+    if iterate is not None:
+        gradient = gradient + precision_times(state, state.mean - iterate)
+        state = RVGAState(iterate, state.covariance_root)
     mean, root = state
     projected = curvature_rows @ root  # Bᵀ = AᵀS, (k, d)
     k, d = projected.shape
@@ -239,14 +253,18 @@ class RVGA(OnlineUpdater):
         if self.num_samples % 2:
             raise ValueError(f"num_samples must be even (mirrored pairs), got {num_samples}")
         self.linearised = bool(linearised)
-        self.num_iterations = check_int("num_iterations", num_iterations)
         super().__init__(
             model,
             guide,
+            algebra=FilterAlgebra(
+                predict, draws, update, output_covariance, covariance_rows, shift_prior
+            ),
             guide_rank=None,
             dynamics_noise=dynamics_noise,
             init_loc=init_loc,
             learn_prior_scale=learn_prior_scale,
+            num_iterations=check_int("num_iterations", num_iterations),
+            num_draws=None if self.linearised else self.num_samples,
         )
 
     def _init_state(self, start: Start) -> RVGAState:
@@ -259,34 +277,6 @@ class RVGA(OnlineUpdater):
         factor = start.precision_factor
         precision = torch.diag(start.precision_diag) + factor @ factor.mT
         return init(start.mean, torch.cholesky_inverse(torch.linalg.cholesky(precision)))
-
-    def _step(
-        self, state: RVGAState, pull: Callable[[torch.Tensor], tuple]
-    ) -> tuple[RVGAState, RVGAState, torch.Tensor, torch.Tensor]:
-        previous = predict(state, self.dynamics_noise)
-        current = previous
-        for iteration in range(self.num_iterations):
-            if self.linearised:
-                thetas = current.mean.unsqueeze(0)
-            else:
-                thetas = draws(current, self.num_samples)
-            outputs, rows, gradient = pull(thetas)
-            if not iteration:  # the one-step-ahead predictive, for the learned noise
-                ahead = outputs, rows
-            flat = rows.reshape(-1, rows.shape[-1]) / thetas.shape[0] ** 0.5
-            if iteration:  # a Gauss-Newton step on the implicit equations, from q^(i)
-                gradient = gradient + precision_times(previous, previous.mean - current.mean)
-            current = update(RVGAState(current.mean, previous.covariance_root), gradient, flat)
-        return current, previous, *ahead
-
-    def _output_covariance(self, state: RVGAState, rows: torch.Tensor) -> torch.Tensor:
-        return output_covariance(state, rows)
-
-    def _covariance_rows(self, state: RVGAState, rows: torch.Tensor) -> torch.Tensor:
-        return covariance_rows(state, rows)
-
-    def _shift_prior(self, state: RVGAState, delta, anchor) -> RVGAState:
-        return shift_prior(state, delta, anchor)
 
     #: A shift re-factorises the covariance, O(d³): the belief follows the learned scale
     #: once it has moved by 10 %.

@@ -22,8 +22,11 @@ on the filter's algebra:
 * it shows the belief as a :class:`~pyro_bbb.online.LowRankPrecisionGuide` (:attr:`guide`),
   converted when the guide is next used, so it is current at every point of the stream.
 
-A filter (:class:`~pyro_bbb.online.LoFi`, :class:`~pyro_bbb.online.RVGA`) supplies its state,
-its step and the conversion of its state to the guide's form.
+A filter (:class:`~pyro_bbb.online.LoFi`, :class:`~pyro_bbb.online.RVGA`) supplies its state
+(its start, and its conversion to the guide's form) and the pure functions of it, from its own
+module, as a :class:`FilterAlgebra`; the updater runs the step both filters take with them:
+the drift, then one or more Gauss-Newton steps on the minibatch, each pulled back at the mean
+or at mirrored draws of the last iterate.
 """
 
 from __future__ import annotations
@@ -43,15 +46,15 @@ from .._validation import (
     check_tensor,
 )
 from ..infer.guides import LowRankGuide, MeanFieldGuide
-from ..infer.mcmc.potential import module_in_training_mode
 from ..model import BNN
+from ..nn.training_mode import module_in_training_mode
 from ..priors.precision_normal import CovarianceRootNormal
 from .empirical_bayes import NoiseEstimate, PriorScaleEstimate
 from .guide import Belief, CovarianceRoot, LowRankPrecisionGuide
 from .network import WeightLayout, layout_of_trace, network_function, pull_back_rows, weight_layout
 from .observation import Observation
 
-__all__ = ["Ahead", "OnlineUpdater", "Start"]
+__all__ = ["Ahead", "FilterAlgebra", "OnlineUpdater", "Start"]
 
 
 class Start(NamedTuple):
@@ -91,6 +94,38 @@ class Ahead(NamedTuple):
     jacobian: torch.Tensor | None
 
 
+class FilterAlgebra(NamedTuple):
+    r"""A filter's pure functions of its state, which the updater calls: its module's own.
+
+    :math:`\Sigma` is the belief's covariance, in whatever form the state holds it.
+
+    Attributes:
+        predict: ``predict(state, dynamics_noise)``: the belief after the drift,
+            :math:`\Sigma + qI`.
+        draws: ``draws(state, num_samples)``: mirrored draws :math:`\mu \pm \varepsilon_s`,
+            ``(num_samples, d)``, from torch's global random state.
+        update: ``update(state, gradient, curvature_rows, *, iterate=None)``: the
+            Gauss-Newton step on a minibatch from the belief before it, with the likelihood's
+            gradient ``(d,)`` and curvature rows ``(k, d)`` taken at ``iterate`` (``None``:
+            at the belief's mean).
+        output_covariance: ``output_covariance(state, rows)``: :math:`A\Sigma A^\top` for
+            Jacobian rows :math:`A` ``(..., k, d)``; ``(..., k, k)``.
+        covariance_rows: ``covariance_rows(state, rows)``: ``rows @ Σ`` for rows ``(k, d)``,
+            :math:`(\Sigma a)^\top` of each row :math:`a`.
+        shift_prior: ``shift_prior(state, delta, anchor)``: the belief with precision
+            :math:`\Lambda + \mathrm{diag}(\delta)` and its mean moved by the Newton step
+            towards ``anchor`` that the added precision implies,
+            :math:`\mu + (\Lambda + \mathrm{diag}\,\delta)^{-1}\,\delta \odot (\mu_0 - \mu)`.
+    """
+
+    predict: Callable[[Any, float], Any]
+    draws: Callable[[Any, int], torch.Tensor]
+    update: Callable[..., Any]
+    output_covariance: Callable[[Any, torch.Tensor], torch.Tensor]
+    covariance_rows: Callable[[Any, torch.Tensor], torch.Tensor]
+    shift_prior: Callable[[Any, torch.Tensor, torch.Tensor], Any]
+
+
 class OnlineUpdater:
     r"""Base of the online updaters; see the module's notes.
 
@@ -106,9 +141,11 @@ class OnlineUpdater:
             of Dawid (1984): by the chain rule the stream's log marginal likelihood under
             the filter, each term measured before the filter saw its minibatch.
         dynamics_noise: Weight variance added to the belief before each step.
+        num_iterations: Gauss-Newton steps on each minibatch.
 
     Args:
         model: A :class:`~pyro_bbb.BNN`.
+        algebra: The filter's functions of its state.
         guide: ``None``, a ``MeanFieldGuide``, a ``LowRankGuide`` or a
             ``LowRankPrecisionGuide`` (the belief to start from; the last is updated in place).
         guide_rank: The rank of the guide the updater creates (``None``: full).
@@ -118,6 +155,10 @@ class OnlineUpdater:
             stream (:class:`~pyro_bbb.online.empirical_bayes.PriorScaleEstimate`): for a
             Gaussian likelihood and a start with a diagonal precision (the prior, or a
             ``MeanFieldGuide``); refused otherwise.
+        num_iterations: Gauss-Newton steps on each minibatch, each taken at the last
+            iterate (1: the filter's plain step).
+        num_draws: ``None`` to take each step's expectations at the mean (linearised), or
+            an even number of mirrored draws to take them by Monte Carlo.
 
     Raises:
         ValueError: If ``learn_prior_scale`` is asked of a classifier (at once) or of a
@@ -130,14 +171,20 @@ class OnlineUpdater:
         model: Any,
         guide: Any,
         *,
+        algebra: FilterAlgebra,
         guide_rank: int | None,
         dynamics_noise: float,
         init_loc: Any,
         learn_prior_scale: bool = False,
+        num_iterations: int = 1,
+        num_draws: int | None = None,
     ) -> None:
         if not isinstance(model, BNN):
             raise TypeError(f"model must be a pyro_bbb.BNN, got {type(model).__name__}")
         self.model = model
+        self.algebra = algebra
+        self.num_iterations = num_iterations
+        self._num_draws = num_draws
         self.observation = Observation(model.likelihood)
         self.dynamics_noise = check_nonnegative_number("dynamics_noise", dynamics_noise)
         self.learn_prior_scale = bool(learn_prior_scale)
@@ -189,39 +236,7 @@ class OnlineUpdater:
     def _init_state(self, start: Start) -> Any:
         raise NotImplementedError
 
-    def _step(self, state: Any, pull: Callable[[torch.Tensor], tuple]) -> tuple:
-        r"""One step: ``(new state, predicted state, outputs (S, B, C), rows (C, S, B, d))``.
-
-        The predicted state is the belief the minibatch is scored under: ``state`` after
-        the drift (covariance :math:`\Sigma + qI` with ``dynamics_noise`` :math:`q`), before
-        the minibatch is folded in.
-
-        ``pull(thetas (S, d))`` returns the outputs at each weight vector, the rows
-        :math:`L_n^\top J_n` ``(C, S, B, d)`` and the log-likelihood's gradient in the
-        weights, summed over the rows and averaged over the ``S`` weight vectors, ``(d,)``.
-        The outputs and rows returned are the one-step-ahead ones, at the belief before the
-        minibatch (an iterated step pulls again at later iterates): the learned noise is
-        estimated from them.
-        """
-        raise NotImplementedError
-
-    def _output_covariance(self, state: Any, rows: torch.Tensor) -> torch.Tensor:
-        r""":math:`A\Sigma A^\top` for Jacobian rows :math:`A` ``(..., k, d)``; ``(..., k, k)``."""
-        raise NotImplementedError
-
     def _belief(self, state: Any) -> Belief | CovarianceRoot:
-        raise NotImplementedError
-
-    def _covariance_rows(self, state: Any, rows: torch.Tensor) -> torch.Tensor:
-        r"""``rows @ Σ`` for rows ``(k, d)``: :math:`(\Sigma a)^\top` of each row :math:`a`."""
-        raise NotImplementedError
-
-    def _shift_prior(self, state: Any, delta: torch.Tensor, anchor: torch.Tensor) -> Any:
-        r"""The belief with precision :math:`\Lambda + \mathrm{diag}(\delta)`, mean moved.
-
-        The mean takes the Newton step towards ``anchor`` that the added precision implies,
-        :math:`\mu + (\Lambda + \mathrm{diag}\,\delta)^{-1}\,\delta \odot (\mu_0 - \mu)`.
-        """
         raise NotImplementedError
 
     #: How far (in log units) the learned prior scale may drift before the belief follows it:
@@ -230,6 +245,38 @@ class OnlineUpdater:
 
     def _check_guide(self, guide: LowRankPrecisionGuide) -> None:
         pass
+
+    # -- the step
+    def _step(self, state: Any, pull: Callable[[torch.Tensor], tuple]) -> tuple:
+        r"""One step: ``(new state, predicted state, outputs (S, B, C), rows (C, S, B, d))``.
+
+        The predicted state is the belief the minibatch is scored under: ``state`` after
+        the drift (covariance :math:`\Sigma + qI` with ``dynamics_noise`` :math:`q`), before
+        the minibatch is folded in. Each of the ``num_iterations`` Gauss-Newton steps starts
+        from it, with the likelihood pulled back at the last iterate (the first: at the
+        predicted belief itself).
+
+        ``pull(thetas (S, d))`` returns the outputs at each weight vector, the rows
+        :math:`L_n^\top J_n` ``(C, S, B, d)`` and the log-likelihood's gradient in the
+        weights, summed over the rows and averaged over the ``S`` weight vectors, ``(d,)``.
+        The outputs and rows returned are the one-step-ahead ones, at the belief before the
+        minibatch (an iterated step pulls again at later iterates): the learned noise is
+        estimated from them.
+        """
+        predicted = self.algebra.predict(state, self.dynamics_noise)
+        current = predicted
+        for iteration in range(self.num_iterations):
+            if self._num_draws is None:
+                thetas = current.mean.unsqueeze(0)
+            else:
+                thetas = self.algebra.draws(current, self._num_draws)
+            outputs, rows, gradient = pull(thetas)
+            if not iteration:  # the one-step-ahead predictive
+                ahead = outputs, rows
+            flat = rows.reshape(-1, rows.shape[-1]) / thetas.shape[0] ** 0.5
+            iterate = current.mean if iteration else None
+            current = self.algebra.update(predicted, gradient, flat, iterate=iterate)
+        return current, predicted, *ahead
 
     # -- the stream
     def update(self, x: torch.Tensor, y: torch.Tensor) -> OnlineUpdater:
@@ -391,7 +438,7 @@ class OnlineUpdater:
             return Ahead(None, torch.zeros_like(mean), log_density, None)
         jacobian = rows * scale  # the Gaussian's curvature root is I/σ: rows = J/σ
         by_draw = jacobian.permute(1, 2, 0, 3).flatten(1, 2)  # (S, B·C, d), row-major (b, c)
-        covariance = self._output_covariance(predicted, by_draw).mean(0)  # (B·C, B·C)
+        covariance = self.algebra.output_covariance(predicted, by_draw).mean(0)  # (B·C, B·C)
         epistemic = covariance.diagonal().reshape(mean.shape)
         residual = y.reshape(mean.shape) - mean
         total = covariance.double().clone()  # epistemic is a view of covariance
@@ -416,7 +463,7 @@ class OnlineUpdater:
             return None
         anchor_mean, anchor_precision = self._anchor
         rows = ahead.jacobian.reshape(-1, ahead.jacobian.shape[-1])
-        spread = self._covariance_rows(old, rows)  # u = ΣJᵀ, one row per output and point
+        spread = self.algebra.covariance_rows(old, rows)  # u = ΣJᵀ, one row per output and point
         variance_slope = -(spread.square() * anchor_precision).sum(-1)
         mean_slope = spread @ (anchor_precision * (anchor_mean - old.mean))
         shape = ahead.jacobian.shape[:-1]  # (C, S, B)
@@ -431,7 +478,7 @@ class OnlineUpdater:
             return
         anchor_mean, anchor_precision = self._anchor
         delta = (float(alpha) - self._prior_applied) * anchor_precision
-        self.state = self._shift_prior(self.state, delta, anchor_mean)
+        self.state = self.algebra.shift_prior(self.state, delta, anchor_mean)
         self._prior_applied = float(alpha)
 
     @property

@@ -6,12 +6,23 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from .convergence import Convergence
+from typing import Protocol
 
 __all__ = ["History"]
+
+
+class _Check(Protocol):
+    """What a History reads of the convergence check it holds: whether the check passed.
+
+    The check, :class:`~pyro_bbb.training.convergence.Convergence`, is made by reading a
+    History; naming it here, even for type checking only, would import back a module that
+    imports this one.
+    """
+
+    @property
+    def converged(self) -> bool:
+        """Whether the fit passed the check."""
+        ...
 
 
 @dataclass
@@ -85,7 +96,7 @@ class History:
     validation: list[float] = field(default_factory=list)
     averaged_nll: list[float] = field(default_factory=list)
     averaged_kl: list[float] = field(default_factory=list)
-    convergence: Convergence | None = None
+    convergence: _Check | None = None
 
     def __len__(self) -> int:
         return len(self.loss)

@@ -24,6 +24,7 @@ from torch import nn
 
 from ..._pyro_compat import site_name
 from ...nn import BayesianAffine, BayesianLayer, BayesianModule, ConvMap, LinearMap
+from ...nn.training_mode import module_class_name
 from ._jax import jax, jnp
 from .export_ops import (
     FUNCTIONS,
@@ -34,7 +35,6 @@ from .export_ops import (
     tensor_attribute,
     unsupported,
 )
-from .potential import module_class_name
 
 __all__ = ["ExportedNetwork", "export_network"]
 

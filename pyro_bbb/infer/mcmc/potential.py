@@ -25,11 +25,11 @@ import pyro.poutine as poutine
 import torch
 from pyro.distributions.transforms import biject_to
 from pyro.poutine.util import site_is_subsample
-from torch import nn
 from torch.distributions import constraints
 
 from ..._pyro_compat import site_name
 from ...likelihoods import Gaussian
+from ...nn.training_mode import module_in_training_mode
 from ..sites import base_support, is_real_valued
 
 __all__ = [
@@ -42,8 +42,6 @@ __all__ = [
     "flatten",
     "latent_sites",
     "learned_noise",
-    "module_class_name",
-    "module_in_training_mode",
     "positive_support",
 ]
 
@@ -156,35 +154,6 @@ class Potential:
                     self.log_joint, (theta.detach(),), check_trace=False
                 )
         return -self._compiled(theta)
-
-
-#: Modules whose forward depends on training mode: random (dropout) or on the batch.
-_TRAINING_MODE = (
-    nn.modules.dropout._DropoutNd,
-    nn.modules.batchnorm._BatchNorm,
-    nn.modules.instancenorm._InstanceNorm,
-)
-
-
-def module_class_name(module: nn.Module) -> str:
-    """``Dropout`` for Pyro's ``PyroDropout``: the first class in the MRO that is not Pyro's."""
-    cls = next(c for c in type(module).__mro__ if not c.__module__.startswith("pyro."))
-    return cls.__name__
-
-
-def module_in_training_mode(model: nn.Module) -> str | None:
-    """The first dropout or normalisation module in training mode, as ``'name' (Class)``.
-
-    In training mode dropout draws new masks at every call and batch normalisation uses (and
-    updates) batch statistics, so the network is not a function of its weights alone.
-
-    Returns:
-        ``"'net.2' (Dropout)"``, or ``None`` when every such module is in evaluation mode.
-    """
-    for name, module in model.named_modules():
-        if module.training and isinstance(module, _TRAINING_MODE):
-            return f"{name!r} ({module_class_name(module)})"
-    return None
 
 
 def check_evaluation_mode(model) -> None:

@@ -1,0 +1,42 @@
+"""Whether a network is a function of its weights alone: the modules that depend on its mode.
+
+In training mode dropout draws new masks at every call and batch or instance normalisation
+uses (and updates) the batch's statistics, so the network's output is random or depends on
+the rest of the batch. What samples or linearises the network as one function of its weights
+(NUTS's potential, the online filters) refuses it in that mode, naming the module by
+:func:`module_in_training_mode`. Nothing here changes a network's mode.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+__all__ = ["module_class_name", "module_in_training_mode"]
+
+#: Modules whose forward depends on training mode: random (dropout) or on the batch.
+_TRAINING_MODE = (
+    nn.modules.dropout._DropoutNd,
+    nn.modules.batchnorm._BatchNorm,
+    nn.modules.instancenorm._InstanceNorm,
+)
+
+
+def module_class_name(module: nn.Module) -> str:
+    """``Dropout`` for Pyro's ``PyroDropout``: the first class in the MRO that is not Pyro's."""
+    cls = next(c for c in type(module).__mro__ if not c.__module__.startswith("pyro."))
+    return cls.__name__
+
+
+def module_in_training_mode(model: nn.Module) -> str | None:
+    """The first dropout or normalisation module in training mode, as ``'name' (Class)``.
+
+    In training mode dropout draws new masks at every call and batch normalisation uses (and
+    updates) batch statistics, so the network is not a function of its weights alone.
+
+    Returns:
+        ``"'net.2' (Dropout)"``, or ``None`` when every such module is in evaluation mode.
+    """
+    for name, module in model.named_modules():
+        if module.training and isinstance(module, _TRAINING_MODE):
+            return f"{name!r} ({module_class_name(module)})"
+    return None
