@@ -195,6 +195,14 @@ def _log_likelihood(net: Net, h: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return -F.cross_entropy(h, y, reduction="sum")
 
 
+def _update(optim: torch.optim.Optimizer, loss: torch.Tensor) -> torch.Tensor:
+    """One optimiser step on ``loss``, the last step's gradients dropped first."""
+    optim.zero_grad(set_to_none=True)
+    loss.backward()
+    optim.step()
+    return loss.detach()
+
+
 class Reference:
     """Hand-written mean-field Bayes by Backprop in plain PyTorch, for any Linear/Conv net."""
 
@@ -240,10 +248,7 @@ class Reference:
                 kl = kl + 0.5 * (sigma.square() + mu.square() - 1).sum() - sigma.log().sum()
         log_lik = _log_likelihood(self.net, h, y)
         loss = -log_lik * (self.net.num_data / len(x)) + kl
-        self.optim.zero_grad(set_to_none=True)
-        loss.backward()
-        self.optim.step()
-        return loss.detach()
+        return _update(self.optim, loss)
 
 
 class Deterministic:
@@ -257,10 +262,7 @@ class Deterministic:
         h = self.module(x)
         log_lik = _log_likelihood(self.net, h, y)
         loss = -log_lik * (self.net.num_data / len(x))
-        self.optim.zero_grad(set_to_none=True)
-        loss.backward()
-        self.optim.step()
-        return loss.detach()
+        return _update(self.optim, loss)
 
 
 class CapturedReference:
@@ -321,10 +323,7 @@ class EveryParameterBBB:
             kl = kl + 0.5 * (sigma.square() + mu.square() - 1).sum() - sigma.log().sum()
         h = torch.func.functional_call(self.module, weights, (x,))
         loss = -_log_likelihood(self.net, h, y) * (self.net.num_data / len(x)) + kl
-        self.optim.zero_grad(set_to_none=True)
-        loss.backward()
-        self.optim.step()
-        return loss.detach()
+        return _update(self.optim, loss)
 
 
 class BayesianTorch:
@@ -346,10 +345,7 @@ class BayesianTorch:
         h = self.module(x)
         loss = -_log_likelihood(self.net, h, y) * (self.net.num_data / len(x))
         loss = loss + self.kl(self.module)
-        self.optim.zero_grad(set_to_none=True)
-        loss.backward()
-        self.optim.step()
-        return loss.detach()
+        return _update(self.optim, loss)
 
 
 def has_bayesian_torch() -> bool:
