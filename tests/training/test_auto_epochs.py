@@ -178,7 +178,7 @@ def test_a_resumed_automatic_fit_takes_the_uninterrupted_fits_steps(tmp_path, au
     stop = whole.stage.index("train") - 1  # the decision after it begins the next stage
     pyro.clear_param_store()
     path = tmp_path / "auto.pt"
-    _auto_fit(checkpoint=path, callbacks=[_StopAt(stop)])
+    _auto_fit(checkpoint=path, checkpoint_every=100, callbacks=[_StopAt(stop)])  # and the stop
     pyro.clear_param_store()
     *_, resumed = _auto_fit(resume=path)
     assert _record(resumed) == _record(whole)

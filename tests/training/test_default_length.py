@@ -51,13 +51,36 @@ def _params():
 
 @pytest.fixture(scope="module")
 def default_run():
-    """One default fit of a 1-8-8-1 net on 200 points: History and final parameters."""
-    *_, history = _fit()
-    return history, _params()
+    """One default fit of a 1-8-8-1 net on 200 points: History, final parameters, and what
+    its iterate average kept and restored (the decay's start)."""
+    kept, restored, seen = [], [], {}
+    keep, restore = IterateAverage.keep_if_best, IterateAverage.restore_best
+
+    def keep_if_best(self, score, beta):
+        kept.append((score, [v.clone() for v in self.values]))
+        keep(self, score, beta)
+
+    def restore_best(self):
+        restored.append([v.clone() for v in self.best])
+        return restore(self)
+
+    class Seen(bbb.Callback):
+        def on_fit_start(self, params, history):
+            seen["params"] = params
+
+        def on_epoch_end(self, epoch, history):
+            if history.stage[-1] == "train":
+                seen["last"] = [p.detach().clone() for p in seen["params"]]
+
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        monkeypatch.setattr(IterateAverage, "keep_if_best", keep_if_best)
+        monkeypatch.setattr(IterateAverage, "restore_best", restore_best)
+        *_, history = _fit(callbacks=[Seen()])
+    return history, _params(), (kept, restored, seen)
 
 
 def test_a_default_fit_runs_its_stages_and_says_why_it_ended(default_run):
-    history, _ = default_run
+    history, *_ = default_run
     starts = _starts(history)
     assert list(starts) == ["fit", "warmup", "train", "decay"]
     assert history.stage == sorted(history.stage, key=list(starts).index)  # one stretch each
@@ -84,7 +107,7 @@ def test_the_scores_leave_the_steps_as_a_fixed_run_of_the_same_schedules_takes_t
     # the scores draw from their own generator and put the parameters back: until the
     # decay, the automatic run's steps are those of a fixed run drawn with the schedules
     # its stages chose (the decay then starts from the full-rate stage's best average)
-    history, _ = default_run
+    history, *_ = default_run
     _, warmup, train, decay = _starts(history).values()
     total = len(history)
     data, model, guide = _gap()
@@ -99,31 +122,10 @@ def test_the_scores_leave_the_steps_as_a_fixed_run_of_the_same_schedules_takes_t
     assert fixed.loss[decay:] != history.loss[decay:]
 
 
-def test_the_decay_starts_from_the_full_rate_stages_best_average(monkeypatch):
+def test_the_decay_starts_from_the_full_rate_stages_best_average(default_run):
     # the full-rate stage keeps the average of its best score; the loop puts it in the
     # parameters' place once, as the decay begins, and History.stopped names its epoch
-    kept, restored, seen = [], [], {}
-    keep, restore = IterateAverage.keep_if_best, IterateAverage.restore_best
-
-    def keep_if_best(self, score, beta):
-        kept.append((score, [v.clone() for v in self.values]))
-        keep(self, score, beta)
-
-    def restore_best(self):
-        restored.append([v.clone() for v in self.best])
-        return restore(self)
-
-    class Seen(bbb.Callback):
-        def on_fit_start(self, params, history):
-            seen["params"] = params
-
-        def on_epoch_end(self, epoch, history):
-            if history.stage[-1] == "train":
-                seen["last"] = [p.detach().clone() for p in seen["params"]]
-
-    monkeypatch.setattr(IterateAverage, "keep_if_best", keep_if_best)
-    monkeypatch.setattr(IterateAverage, "restore_best", restore_best)
-    *_, history = _fit(callbacks=[Seen()])
+    history, _, (kept, restored, seen) = default_run
     scores = [score for score, _ in kept if not math.isnan(score)]
     best = scores.index(max(scores))
     assert len(restored) == 1
@@ -162,10 +164,10 @@ def _record(history):
 def test_a_resumed_default_fit_takes_the_uninterrupted_fits_steps(tmp_path, default_run):
     # stopped inside the full-rate stage, whose scores read the iterate average: the
     # checkpoint carries the average, so the resumed run decides as the whole one did
-    whole, params = default_run
+    whole, params, _ = default_run
     stop = _starts(whole)["train"] + 25
     path = tmp_path / "auto.pt"
-    _fit(checkpoint=path, callbacks=[_StopAt(stop)])
+    _fit(checkpoint=path, checkpoint_every=100, callbacks=[_StopAt(stop)])  # and the stop
     *_, resumed = _fit(resume=path)
     assert _record(resumed) == _record(whole) and resumed.stopped == whole.stopped
     assert all(torch.equal(value, params[name]) for name, value in _params().items())
