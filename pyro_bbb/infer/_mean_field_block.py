@@ -40,8 +40,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
-import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
+
+from .guides._init import scale_from_rho
 
 __all__ = ["MeanFieldBlock", "SiteLayout"]
 
@@ -106,7 +107,7 @@ class MeanFieldBlock(torch.autograd.Function):
         values, saved = [], []
         squares, logs = [], []
         for loc, rho, m in zip(locs, rhos, layout.prior_locs, strict=True):
-            scale = F.softplus(rho).add_(layout.min_scale)
+            scale = scale_from_rho(rho, layout.min_scale)
             eps = torch.empty_like(loc).normal_()  # site by site: the guide's random stream
             values.append(torch.addcmul(loc, scale, eps))
             deviation = loc if m == 0.0 else loc - m
