@@ -59,7 +59,7 @@ def fit_gap_demo(
         max_steps: The budget of the default length, in steps (``fit``'s ``max_steps``).
         seed: Seed of the data and of training.
         reparam: Gradient estimator, ``None``, ``"local"`` or ``"flipout"``.
-        progress: Show a progress bar (``None``: when attached to a terminal).
+        progress: Show a progress bar (``None``: in a terminal or a notebook).
 
     Returns:
         The data, model, guide and training history.
@@ -106,7 +106,7 @@ def nuts_gap_demo(
         fitted: The trained demo, from :func:`fit_gap_demo`.
         draws: Warm-up iterations, and draws kept, per chain.
         seed: Seed of the chains.
-        progress: Show NumPyro's progress bar (``None``: when attached to a terminal).
+        progress: Show NumPyro's progress bar (``None``: in a terminal or a notebook).
 
     Returns:
         The :class:`~pyro_bbb.infer.mcmc.NUTSResult`.
@@ -114,15 +114,15 @@ def nuts_gap_demo(
     Raises:
         ImportError: Without JAX and NumPyro (``pip install "pyro-bbb[numpyro]"``).
     """
-    import sys
-
     import pyro_bbb as bbb
+
+    from ._display import show_progress
 
     data = fitted.data
     return bbb.run_nuts(
         fitted.model, data.x, data.y, num_samples=draws, warmup_steps=draws, num_chains=2,
         seed=seed, backend="numpyro", noise="fixed",
-        progress=sys.stderr.isatty() if progress is None else progress,
+        progress=show_progress(progress),
     )  # fmt: skip
 
 
@@ -173,7 +173,7 @@ def demo(
         max_steps: The default length's budget in steps, see :func:`fit_gap_demo`.
         seed: Random seed (data and training).
         reparam: Gradient estimator, ``None``, ``"local"`` or ``"flipout"``.
-        progress: Show a progress bar (``None``: when attached to a terminal).
+        progress: Show a progress bar (``None``: in a terminal or a notebook).
         nuts: Also sample the model with NUTS (:func:`nuts_gap_demo`), print its uncertainty
             and convergence, and draw its band in the figure.
         nuts_draws: Warm-up iterations and draws per chain of NUTS.

@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -59,6 +58,7 @@ import pyro
 import torch
 from pyro.infer.autoguide import AutoDelta, init_to_value
 
+from .._display import show_progress
 from .._validation import check_choice, check_int
 from ..data import UCIFolder, UCISplit, find_uci_folders, load_uci_folder, uci_num_splits
 from ..infer import (
@@ -240,7 +240,7 @@ def run_uci(
             thread). The workers start without running the calling script again, so this
             works from a script without an ``if __name__ == "__main__":`` guard and from a
             notebook.
-        progress: Show the bar; ``None`` shows it when stderr is a terminal.
+        progress: Show the bar; ``None`` shows it when stderr is a terminal or in a notebook.
         on_result: Called with each :class:`SplitResult` as it arrives.
 
     Returns:
@@ -276,7 +276,7 @@ def run_uci(
 
     from tqdm.auto import tqdm
 
-    show = sys.stderr.isatty() if progress is None else progress
+    show = show_progress(progress)
     bar = tqdm(total=len(tasks), unit="split", disable=not show, dynamic_ncols=True)
     start = time.perf_counter()
     collected: dict[tuple[str, int], list[SplitResult]] = {}

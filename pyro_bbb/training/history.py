@@ -25,6 +25,18 @@ class _Check(Protocol):
         ...
 
 
+class _Epoch(Protocol):
+    """What a History reads of one epoch's record (:class:`~.steps.EpochRecord`)."""
+
+    loss: float
+    nll: float
+    kl: float
+    beta: float
+    lr: float
+    seconds: float
+    steps: int
+
+
 @dataclass
 class History:
     r"""Per-epoch record of a fit; every list has one entry per epoch.
@@ -119,6 +131,32 @@ class History:
     def converged(self) -> bool | None:
         """Whether the fit passed its convergence check; ``None`` before it was checked."""
         return None if self.convergence is None else self.convergence.converged
+
+    def append_epoch(
+        self, record: _Epoch, collapsed: float, stage: str, scores: tuple[float, float, float]
+    ) -> None:
+        """Append one epoch to every list: its record, collapse, stage and scores read.
+
+        Args:
+            record: The epoch's means (loss, nll, kl, β, rate), seconds and steps so far.
+            collapsed: The fraction of weights at their prior after it.
+            stage: Its stage in an automatic run (``""`` in a fixed one).
+            scores: The averaged nll and KL and the held-out log-likelihood read after it
+                (``nan`` where nothing was read).
+        """
+        self.loss.append(record.loss)
+        self.loss_per_datum.append(record.loss / self.num_data)
+        self.nll.append(record.nll)
+        self.kl.append(record.kl)
+        self.beta.append(record.beta)
+        self.lr.append(record.lr)
+        self.seconds.append(record.seconds)
+        self.steps.append(record.steps)
+        self.collapsed.append(collapsed)
+        self.stage.append(stage)
+        self.averaged_nll.append(scores[0])
+        self.averaged_kl.append(scores[1])
+        self.validation.append(scores[2])
 
     def as_dict(self) -> dict[str, list[float] | list[int] | list[str]]:
         """The per-epoch lists by name (e.g. for a ``pandas.DataFrame``)."""

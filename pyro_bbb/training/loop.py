@@ -17,43 +17,36 @@ from __future__ import annotations
 
 import math
 import os
-import sys
 import warnings
 from collections.abc import Callable, Iterable
-from contextlib import AbstractContextManager, suppress
-from typing import Any, NamedTuple
+from typing import Any
 
-import pyro
-import pyro.poutine as poutine
 import torch
 from torch.utils.data import DataLoader
 
-from .._devices import cuda_devices, device_of
 from .._heap import kept_heap
-from .._validation import check_int, check_positive_number
-from ..infer.collapse import FRACTION_THRESHOLD as COLLAPSE_FRACTION
-from ..infer.collapse import CollapseMonitor, diagnose_collapse, warn_if_collapsed
-from ..infer.elbo import AnnealedELBO, ELBOTerms
-from ..infer.fused import FusedELBO, fused_elbo
-from ..infer.guides._params import mark_fitted
-from ..infer.reparam import estimator, warn_slower_paths
+from ..infer.collapse import CollapseMonitor
+from ..infer.reparam import estimator
 from ..infer.schedules import ScheduleLike
-from ..nn.draws import describe_draws, settle_draws
+from .arguments import check_options, rate_is_fits, rows_of
 from .callbacks import Callback
 from .captured import static_steps
 from .checkpoint import Checkpointing, FitState, fit_options
 from .convergence import ConvergenceWarning
 from .distributed import DataParallel, data_parallel
+from .end_of_run import check_collapse, stamp, stopped
 from .held_out import held_out_split, resolve_validation
 from .history import History
 from .lr_schedules import LRSchedule, LRScheduleLike
-from .minibatches import Batches, check_likelihood_scale, make_batches
+from .minibatches import Batches, make_batches
+from .objective import build_objective
 from .optimizers import OptimizerSpec, make_optimizer
-from .particles import default_num_particles, draw_size
+from .placement import place
+from .progress import Progress, show_progress
 from .rates import default_lr
-from .run_length import RunLength, check_automatic, run_length
+from .run_length import RunLength, run_length
 from .scoring import SAMPLE_ROWS, SampleFit, Scores, held_out_score, score_every
-from .steps import EpochRecord, Steps
+from .steps import Steps
 
 __all__ = ["fit"]
 
@@ -222,7 +215,8 @@ def fit(
             A network's weights are initialised when it is built, before ``fit``: to
             reproduce a run from its start, also seed before building the network
             (``pyro.set_rng_seed``), as a guide started from those weights depends on them.
-        progress: Show a tqdm bar; ``None`` shows it when stderr is a terminal.
+        progress: Show a tqdm bar; ``None`` shows it when stderr is a terminal or in a Jupyter
+            notebook (a widget there, :mod:`~pyro_bbb.training.progress`).
         callbacks: :class:`Callback` objects.
         shuffle: Reshuffle the data every epoch (tensor input).
         checkpoint: File to write checkpoints to (its folder must exist), or ``None``.
@@ -308,7 +302,7 @@ def fit(
             was not finite and the sites whose terms were not finite there.
     """
     # set-up: the options, the rows, the run's length, the objective, where the fit starts
-    until = _check_options(epochs, batch_size, num_particles, lr, max_steps, until)
+    until = check_options(epochs, batch_size, num_particles, lr, max_steps, until)
     held = resolve_validation(validation, model, x, epochs, until)  # read here alone
     parallel = data_parallel()  # a world of one unless torch.distributed is initialised
     options = fit_options(
@@ -319,8 +313,8 @@ def fit(
         checkpoint, checkpoint_every, resume, epochs=epochs, world_size=parallel.world_size,
         options=options,
     )  # fmt: skip
-    data_device, seed = _place(model, guide, device, seed, parallel)
-    rows, held_rows, order_seed = held_out_split(_rows(x), held.fraction, saving.order_seed(seed))
+    data_device, seed = place(model, guide, device, seed, parallel)
+    rows, held_rows, order_seed = held_out_split(rows_of(x), held.fraction, saving.order_seed(seed))
     batches = make_batches(
         model, x, y, batch_size, shuffle, data_device,
         seed=order_seed, rank=parallel.rank, world_size=parallel.world_size, rows=rows,
@@ -329,11 +323,11 @@ def fit(
     length, schedule, lr_schedule = run_length(
         epochs, max_steps, len(batches), beta, lr_schedule,
         until=until, scored=held_out is not None, every=score_every(len(batches)),
-        gives_back=rows is not None, halves=_rate_is_fits(lr, optimizer),
+        gives_back=rows is not None, halves=rate_is_fits(lr, optimizer),
         steps_given_back=len(batches.every_row) if batches.every_row is not None else None,
     )  # fmt: skip
     handler = estimator(reparam)
-    objective = _objective(model, guide, schedule, num_particles, reparam, handler, batches)
+    objective = build_objective(model, guide, schedule, num_particles, reparam, handler, batches)
     elbo, first, params = objective.elbo, objective.first, objective.params
     optim = make_optimizer(optimizer, params, default_lr(model) if lr is None else lr)
     rates = LRSchedule(lr_schedule, optim)
@@ -356,8 +350,7 @@ def fit(
     callbacks = list(callbacks)
     for callback in callbacks:
         callback.on_fit_start(params, history)
-    show = (sys.stderr.isatty() if progress is None else progress) and parallel.is_main
-    bar = _Progress(length.total, show, initial=len(history))
+    bar = Progress(length.total, show_progress(progress, parallel.is_main), initial=len(history))
     runner = static_steps(
         cuda_graph, objective.fused, optim, rates, params, callbacks, parallel, data_device
     )  # after the resume: the optimiser's rates become tensors there
@@ -370,7 +363,7 @@ def fit(
         for epoch in length.run(len(history)):
             record = steps.epoch(batches if length.holds_out(epoch) else every_row, epoch, schedule)
             read = _scored(scores, length, model, guide, epoch, elbo.beta)
-            _append(history, record, monitor.fraction(), length.stage(epoch), read)
+            history.append_epoch(record, monitor.fraction(), length.stage(epoch), read)
             length.after_epoch(history, optim)
             if length.restores_best(len(history)):
                 scores.average.restore_best()  # the next phase starts from the stage's best
@@ -381,83 +374,19 @@ def fit(
                 break
 
     # the end: why it ended, the convergence check, the warnings
-    history.stopped = _stopped(length, history, stop)
+    history.stopped = stopped(length, history, stop)
     bar.close(history.stopped)
     history.convergence = length.convergence(history)
-    _stamp(guide, history.until)
+    stamp(guide, history.until)
     if parallel.is_main:
         message = length.warning(history)
         if message is not None:
             warnings.warn(message, ConvergenceWarning, stacklevel=2)
-        _check_collapse(model, guide, history, every_row)
+        check_collapse(model, guide, history, every_row)
     return history
 
 
 # ----------------------------------------------------------------------------- the parts
-def _check_options(
-    epochs: int | None,
-    batch_size: int | None,
-    num_particles: int | None,
-    lr: float | None,
-    max_steps: int | None,
-    until: str | None,
-) -> str:
-    """Check ``fit``'s counts, rate and run length; return the automatic run's rule.
-
-    Returns:
-        ``until``, ``None`` read as ``"predictive"`` (:func:`~.run_length.check_automatic`).
-    """
-    check_int("epochs", epochs, optional=True)
-    check_int("batch_size", batch_size, optional=True)
-    check_int("num_particles", num_particles, optional=True)
-    if lr is not None:
-        check_positive_number("lr", lr)
-    return check_automatic(epochs, max_steps, until)
-
-
-class _Objective(NamedTuple):
-    """The ELBO a fit steps on and what its first evaluation set up."""
-
-    elbo: AnnealedELBO
-    #: The first batch (the set-up evaluation's, the collapse check's and a checkpoint's).
-    first: tuple[torch.Tensor, ...]
-    #: Every parameter by param-store name.
-    named: dict[str, torch.Tensor]
-    #: The distinct trainable parameters.
-    params: list[torch.Tensor]
-    #: How weight draws reach the network (``History.draws``).
-    draws: str
-    #: The fused evaluation of the steps, or ``None`` to trace model and guide.
-    fused: FusedELBO | None
-
-
-def _objective(
-    model: Callable[..., Any],
-    guide: Callable[..., Any],
-    schedule: Callable[[float], float],
-    num_particles: int | None,
-    reparam: str | None,
-    handler: Callable[[], AbstractContextManager],
-    batches: Batches,
-) -> _Objective:
-    """The ELBO on ``batches``, the parameters its first evaluation creates, the draws' path.
-
-    The number of particles ``None`` asks for is known once the guide is set up (what it
-    draws); the fused step is taken where it covers that evaluation.
-    """
-    elbo = AnnealedELBO(schedule(0.0), num_particles=num_particles or 1)
-    first = next(iter(batches()))
-    check_likelihood_scale(model, first, batches.num_data)
-    named, params, first_terms = _parameters(model, guide, elbo, handler, first)
-    mark_fitted(params)  # a guide built later that would take them says so
-    if num_particles is None:  # its set-up is kept
-        drawn = draw_size(guide, *first)
-        elbo.set_num_particles(default_num_particles(drawn, len(first[0])))
-    draws = _settle_draws(model, guide, elbo, reparam, first)
-    fused = _fused(model, guide, elbo, reparam, first_terms, params)
-    return _Objective(elbo, first, named, params, draws, fused)
-
-
 def _sample_fit(batches: Batches, epochs: int | None, seed: int | None) -> SampleFit | None:
     """What an automatic run scores the fit on: a fixed sample of training rows.
 
@@ -484,138 +413,6 @@ def _scored(
     )
 
 
-def _stopped(length: RunLength, history: History, stop: bool) -> str:
-    """Why the run ended (``History.stopped``): a callback (``stop``), or its length's end."""
-    if stop:
-        return f"a callback stopped the run after epoch {len(history) - 1:,}"
-    return length.stopped(history)
-
-
-def _rate_is_fits(lr: float | None, optimizer: OptimizerSpec | None) -> bool:
-    """Whether ``fit`` chose the rate: no ``lr``, and no optimiser built by the user's function.
-
-    An optimiser class is built with ``fit``'s rate; a function sets its own, followed as
-    given (an automatic run halves only a rate of ``fit``'s).
-    """
-    return lr is None and (optimizer is None or isinstance(optimizer, type))
-
-
-def _stamp(guide: object, until: str | None) -> None:
-    """Leave on the guide how its last fit ended (``History.until``), as ``guide.fit_until``.
-
-    Read where the posterior itself is read (:mod:`~pyro_bbb.evaluation`), which warns when
-    the run stopped on the predictive. A guide that takes no attributes is left as it is.
-    """
-    with suppress(AttributeError, TypeError):
-        guide.fit_until = until
-
-
-def _place(
-    model: object,
-    guide: object,
-    device: str | torch.device | None,
-    seed: int | None,
-    parallel: DataParallel,
-) -> tuple[torch.device, int | None]:
-    """Move model and guide to this process's device and seed; return the data's device.
-
-    Under ``torch.distributed`` the device is the process's own (its local CUDA device) and
-    the seed is rank 0's (drawn there when ``None``), so that every process builds the same
-    initialisation. Returns the device the data go to and the seed, set in Pyro, torch,
-    Python and NumPy.
-    """
-    device = parallel.device(device)
-    if device is not None:
-        _move(model, device)
-        _move(guide, device)
-    data_device = device if device is not None else device_of(model)
-    seed = parallel.shared_seed(seed, data_device)
-    if seed is not None:
-        pyro.set_rng_seed(seed)
-    return data_device, seed
-
-
-def _parameters(
-    model: Callable[..., Any],
-    guide: Callable[..., Any],
-    elbo: AnnealedELBO,
-    handler: Callable[[], AbstractContextManager],
-    batch: tuple[torch.Tensor, ...],
-) -> tuple[dict[str, torch.Tensor], list[torch.Tensor], ELBOTerms]:
-    """Every parameter by param-store name, the distinct trainable ones, and the ELBO's terms.
-
-    One evaluation of the ELBO on ``batch`` creates the guide's parameters; it runs under a
-    forked random state, so the first step then draws what ``SVI``'s first step would draw
-    from the same seed. It is also the fit's one validated evaluation: with Pyro's validation
-    on, it checks the first step's distributions, and the steps then run without the checks.
-
-    Raises:
-        ValueError: If the model and guide have no trainable parameter.
-    """
-    with (
-        torch.random.fork_rng(devices=cuda_devices(model, guide)),
-        handler(),
-        poutine.trace(param_only=True) as capture,
-        torch.no_grad(),
-    ):
-        terms = elbo.terms(model, guide, *batch)
-    named = {name: site["value"].unconstrained() for name, site in capture.trace.nodes.items()}
-    params = [p for p in _unique(named.values()) if p.requires_grad]
-    if not params:
-        raise ValueError("the model and guide have no trainable parameters")
-    return named, params, terms
-
-
-def _settle_draws(
-    model: Callable[..., Any],
-    guide: Callable[..., Any],
-    elbo: AnnealedELBO,
-    reparam: str | None,
-    batch: tuple[torch.Tensor, ...],
-) -> str:
-    """Decide how the network meets the steps' weight draws; warn once of slower paths.
-
-    Returns:
-        How weight draws reach the network (:func:`~pyro_bbb.nn.draws.describe_draws`), or
-        ``""`` for a model without a Bayesian network.
-    """
-    several = elbo.num_particles > 1 or getattr(guide, "num_members", 1) > 1
-    net = getattr(model, "net", None)
-    described = ""
-    if isinstance(net, torch.nn.Module):
-        nesting = getattr(model, "max_plate_nesting", 1)
-        settle_draws(net, batch[0], plate_dim=-(nesting + 1))
-        described = describe_draws(net)
-    warn_slower_paths(model, reparam, several_draws=several, stacklevel=4)
-    return described
-
-
-def _fused(
-    model: Callable[..., Any],
-    guide: Callable[..., Any],
-    elbo: AnnealedELBO,
-    reparam: str | None,
-    first: ELBOTerms,
-    params: list[torch.Tensor],
-) -> FusedELBO | None:
-    """The fused evaluation of the steps, or ``None`` to trace model and guide every step.
-
-    Taken when :func:`~pyro_bbb.infer.fused.fused_elbo` recognises model, guide and
-    estimator, its sites are those of the traced set-up evaluation ``first`` (a network
-    whose ``forward`` issues sample statements of its own has more), and it reads only
-    parameters the optimiser trains.
-    """
-    fused = fused_elbo(model, guide, elbo, reparam)
-    trained = {id(p) for p in params}
-    if (
-        fused is None
-        or not fused.covers(first)
-        or any(id(p) not in trained for p in fused.parameters())
-    ):
-        return None
-    return fused
-
-
 def _resume_or_seed(
     state: FitState, saving: Checkpointing, parallel: DataParallel, seed: int | None
 ) -> None:
@@ -628,96 +425,3 @@ def _resume_or_seed(
         saving.restore(state, parallel.rank)
     else:
         parallel.seed_noise(seed)
-
-
-def _append(
-    history: History,
-    record: EpochRecord,
-    collapsed: float,
-    stage: str,
-    scores: tuple[float, float, float],
-) -> None:
-    """Append one epoch to every list of ``history``: its record, collapse, stage and scores."""
-    history.loss.append(record.loss)
-    history.loss_per_datum.append(record.loss / history.num_data)
-    history.nll.append(record.nll)
-    history.kl.append(record.kl)
-    history.beta.append(record.beta)
-    history.lr.append(record.lr)
-    history.seconds.append(record.seconds)
-    history.steps.append(record.steps)
-    history.collapsed.append(collapsed)
-    history.stage.append(stage)
-    history.averaged_nll.append(scores[0])
-    history.averaged_kl.append(scores[1])
-    history.validation.append(scores[2])
-
-
-def _rows(x: object) -> int:
-    """The rows of tensor data, 0 for a ``DataLoader`` (whose rows are not held out)."""
-    return x.shape[0] if isinstance(x, torch.Tensor) else 0
-
-
-def _check_collapse(model, guide, history: History, batches: Batches) -> None:
-    """Warn with :class:`~pyro_bbb.PosteriorCollapseWarning` if the fit ended collapsed.
-
-    The per-epoch fraction of weights at their prior decides whether to look; the diagnosis
-    then compares the predictive mean's residual on up to 2,048 training points with a
-    nearest-neighbour average's.
-    """
-    if history.collapsed and history.collapsed[-1] >= COLLAPSE_FRACTION:
-        warn_if_collapsed(diagnose_collapse(model, guide, *batches.sample(2048)), stacklevel=4)
-
-
-# ----------------------------------------------------------------------------- helpers
-def _move(module: object, device: torch.device) -> None:
-    if isinstance(module, torch.nn.Module):
-        module.to(device)
-
-
-def _unique(tensors: Iterable[torch.Tensor]) -> list[torch.Tensor]:
-    seen: dict[int, torch.Tensor] = {}
-    for t in tensors:
-        seen.setdefault(id(t), t)
-    return list(seen.values())
-
-
-class _Progress:
-    """A tqdm bar over the epochs with the last epoch's losses, or nothing if not shown.
-
-    An automatic run's length is unknown until its decay begins: the bar counts epochs and
-    shows the stage until then, and its total once known.
-    """
-
-    def __init__(self, epochs: int | None, show: bool, initial: int = 0) -> None:
-        self._bar = None
-        self._scores: dict[str, str] = {}
-        if show:
-            from tqdm.auto import tqdm
-
-            self._bar = tqdm(
-                total=epochs, initial=initial, desc="fit", unit="epoch", dynamic_ncols=True
-            )
-
-    def update(
-        self, record: EpochRecord, beta: float, length: RunLength, scores: tuple[float, ...]
-    ) -> None:
-        if self._bar is not None:
-            if length.total is not None and self._bar.total != length.total:
-                self._bar.total = length.total
-            self._bar.update(1)
-            extra = {"stage": length.current} if length.current else {}
-            nll, kl, held_out = scores
-            for name, value in (("averaged_loss", nll + kl), ("held_out_ll", held_out)):
-                if not math.isnan(value):
-                    self._scores[name] = f"{value:.4g}"
-            extra.update(self._scores)
-            self._bar.set_postfix(
-                loss=f"{record.loss:.4g}", nll=f"{record.nll:.4g}", kl=f"{record.kl:.4g}",
-                beta=f"{beta:.2g}", **extra,
-            )  # fmt: skip
-
-    def close(self, stopped: str) -> None:
-        if self._bar is not None:
-            self._bar.set_postfix_str(f"done: {stopped}", refresh=False)
-            self._bar.close()

@@ -16,7 +16,7 @@ from pyro.infer.autoguide import AutoNormal
 from pyro.nn import PyroModule
 from torch import nn
 
-import pyro_bbb.training.loop as training
+import pyro_bbb.training.objective as training
 from pyro_bbb import BNN, Callback, LowRankGuide, MeanFieldGuide, bayesianize, fit, likelihoods, mlp
 from pyro_bbb.infer import AnnealedELBO, Ensemble
 from pyro_bbb.infer.fused import FusedELBO, fused_elbo

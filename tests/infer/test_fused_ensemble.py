@@ -12,7 +12,7 @@ import pyro
 import pytest
 import torch
 
-import pyro_bbb.training.loop as training
+import pyro_bbb.training.objective as training
 from pyro_bbb import BNN, DeltaGuide, LowRankGuide, MeanFieldGuide, fit, likelihoods, mlp
 from pyro_bbb.infer import AnnealedELBO, Ensemble
 from pyro_bbb.infer import fused as fused_module

@@ -1,0 +1,51 @@
+"""``fit``'s arguments, read once before anything is built: counts, rate and run length.
+
+What ``validation=`` means is :mod:`~pyro_bbb.training.held_out`'s, what ``epochs`` and
+``until`` make of the run :mod:`~pyro_bbb.training.run_length`'s; this module checks the
+numbers and answers the questions the set-up asks of the arguments.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .._validation import check_int, check_positive_number
+from .optimizers import OptimizerSpec
+from .run_length import check_automatic
+
+__all__ = ["check_options", "rate_is_fits", "rows_of"]
+
+
+def check_options(
+    epochs: int | None,
+    batch_size: int | None,
+    num_particles: int | None,
+    lr: float | None,
+    max_steps: int | None,
+    until: str | None,
+) -> str:
+    """Check ``fit``'s counts, rate and run length; return the automatic run's rule.
+
+    Returns:
+        ``until``, ``None`` read as ``"predictive"`` (:func:`~.run_length.check_automatic`).
+    """
+    check_int("epochs", epochs, optional=True)
+    check_int("batch_size", batch_size, optional=True)
+    check_int("num_particles", num_particles, optional=True)
+    if lr is not None:
+        check_positive_number("lr", lr)
+    return check_automatic(epochs, max_steps, until)
+
+
+def rate_is_fits(lr: float | None, optimizer: OptimizerSpec | None) -> bool:
+    """Whether ``fit`` chose the rate: no ``lr``, and no optimiser built by the user's function.
+
+    An optimiser class is built with ``fit``'s rate; a function sets its own, followed as
+    given (an automatic run halves only a rate of ``fit``'s).
+    """
+    return lr is None and (optimizer is None or isinstance(optimizer, type))
+
+
+def rows_of(x: object) -> int:
+    """The rows of tensor data, 0 for a ``DataLoader`` (whose rows are not held out)."""
+    return x.shape[0] if isinstance(x, torch.Tensor) else 0

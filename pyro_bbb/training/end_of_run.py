@@ -1,0 +1,45 @@
+"""The end of a fit: why it ended, the stamp left on the guide, the collapse check.
+
+Run once after the last epoch (:func:`~pyro_bbb.training.loop.fit`); the convergence
+check's own verdict and warning are :mod:`~pyro_bbb.training.run_length`'s.
+"""
+
+from __future__ import annotations
+
+from contextlib import suppress
+
+from ..infer.collapse import FRACTION_THRESHOLD as COLLAPSE_FRACTION
+from ..infer.collapse import diagnose_collapse, warn_if_collapsed
+from .history import History
+from .minibatches import Batches
+from .run_length import RunLength
+
+__all__ = ["check_collapse", "stamp", "stopped"]
+
+
+def stopped(length: RunLength, history: History, stop: bool) -> str:
+    """Why the run ended (``History.stopped``): a callback (``stop``), or its length's end."""
+    if stop:
+        return f"a callback stopped the run after epoch {len(history) - 1:,}"
+    return length.stopped(history)
+
+
+def stamp(guide: object, until: str | None) -> None:
+    """Leave on the guide how its last fit ended (``History.until``), as ``guide.fit_until``.
+
+    Read where the posterior itself is read (:mod:`~pyro_bbb.evaluation`), which warns when
+    the run stopped on the predictive. A guide that takes no attributes is left as it is.
+    """
+    with suppress(AttributeError, TypeError):
+        guide.fit_until = until
+
+
+def check_collapse(model, guide, history: History, batches: Batches) -> None:
+    """Warn with :class:`~pyro_bbb.PosteriorCollapseWarning` if the fit ended collapsed.
+
+    The per-epoch fraction of weights at their prior decides whether to look; the diagnosis
+    then compares the predictive mean's residual on up to 2,048 training points with a
+    nearest-neighbour average's.
+    """
+    if history.collapsed and history.collapsed[-1] >= COLLAPSE_FRACTION:
+        warn_if_collapsed(diagnose_collapse(model, guide, *batches.sample(2048)), stacklevel=4)
