@@ -66,6 +66,6 @@ if rank == 0:  # the History is the same on every process; print it once
 
     plot_history(history, title=f"{world_size} process(es)", path="ddp_history.png")
 
-if dist.is_initialized():
-    dist.barrier()  # every process tears gloo down together (one alone aborts under load)
+if dist.is_initialized():  # pyro_bbb was imported before the group: this stops gloo's threads
+    dist.barrier()  # no process tears gloo down while another is still in a collective
     dist.destroy_process_group()

@@ -27,6 +27,16 @@ does when everything fits in one bucket.
 
 Where no process group is initialised, :func:`data_parallel` returns a world of one and every
 method does nothing. Nothing here trains or reads data.
+
+**Teardown.** A script ends with ``dist.barrier()`` then ``dist.destroy_process_group()``,
+which frees the group and stops gloo's threads while the interpreter is whole. That needs
+``import pyro_bbb`` before ``init_process_group()``: importing this module then imports
+``torch.distributed.nn.functional``, whose functions bind the default group into their
+default arguments when first imported. Left to torch, it is first imported with
+``torch._dynamo``, by the first ``torch.optim`` optimiser, ``fit``'s, after the group exists:
+those defaults kept the group alive past ``destroy_process_group()``, and gloo's threads ran
+on into the interpreter's exit, where a process aborted now and then ("terminate called
+without an active exception", SIGABRT).
 """
 
 from __future__ import annotations
@@ -38,6 +48,9 @@ from dataclasses import dataclass
 import pyro
 import torch
 import torch.distributed as dist
+
+if dist.is_available():  # before any group exists: see "Teardown" above
+    import torch.distributed.nn.functional
 
 __all__ = ["DataParallel", "data_parallel"]
 

@@ -7,6 +7,7 @@ global batch; each process saves what it saw, and the tests compare.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -237,8 +238,42 @@ def test_the_ddp_example_runs_under_torchrun(tmp_path):
     ["examples/ddp.py", "benchmarks/ddp.py", "docs/distributed.md", "tests/training/ddp_script.py"],
 )
 def test_every_script_we_show_waits_for_all_processes_before_tearing_the_group_down(path):
-    # Without the barrier the first process to finish tears its gloo group down alone and,
-    # on a loaded machine, may abort at exit (SIGABRT) after its work is done.
+    # Without the barrier the first process to finish may tear its gloo group down while
+    # another is still in its last collective.
     lines = [line.strip() for line in (REPO / path).read_text().splitlines()]
     teardown = next(i for i, line in enumerate(lines) if line == "dist.destroy_process_group()")
     assert lines[teardown - 1].startswith("dist.barrier()"), lines[teardown - 1]
+
+
+TEARDOWN_SCRIPT = """
+import glob, json, sys
+import pyro_bbb as bbb  # before the group, as a script imports it
+import torch, torch.distributed as dist
+
+dist.init_process_group("gloo", init_method=f"file://{sys.argv[1]}", rank=0, world_size=1)
+x = torch.linspace(-1, 1, 8).unsqueeze(-1)
+model = bbb.BNN(bbb.mlp([1, 1]), bbb.likelihoods.Gaussian(), num_data=8)
+bbb.fit(model, bbb.MeanFieldGuide(model), x, x[:, 0], epochs=1, progress=False)  # torch.optim
+dist.barrier()
+dist.destroy_process_group()
+print(json.dumps([open(path).read().strip() for path in glob.glob("/proc/self/task/*/comm")]))
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="lists threads from Linux's /proc")
+def test_destroying_the_group_after_a_fit_stops_gloos_threads_before_the_interpreter_exits(
+    tmp_path,
+):
+    # fit's optimiser imports torch._dynamo, which imports torch.distributed.nn.functional,
+    # whose functions bind the default group into their default arguments: imported after
+    # init_process_group, they kept the group alive past destroy_process_group, and gloo's
+    # threads ran on into the interpreter's exit, where one process of a torchrun pair
+    # aborted now and then (SIGABRT). import pyro_bbb imports that module before the group.
+    run = subprocess.run(
+        [sys.executable, "-c", TEARDOWN_SCRIPT, str(tmp_path / "rendezvous")],
+        cwd=REPO, capture_output=True, text=True, timeout=TIMEOUT,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    threads = json.loads(run.stdout.strip().splitlines()[-1])  # the script's threads
+    assert threads and not [name for name in threads if "gloo" in name], threads
