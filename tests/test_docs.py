@@ -112,19 +112,6 @@ def test_the_site_loads_no_script_from_the_network_and_ships_mathjax(site):
     assert (mathjax / "input" / "tex" / "extensions" / "cancel.js").exists()  # loaded on demand
 
 
-def test_the_readme_and_getting_started_give_the_same_test_command_timing():
-    # two pages once gave the same command 70 s / 5 min 12 s and 54 s / 2 min 8 s: the
-    # getting-started page gives the README's install and run times, counts and date
-    readme = " ".join((REPO / "README.md").read_text().split())
-    started = " ".join((DOCS / "getting_started.md").read_text().split())
-    install = re.search(r"about (\d+ s) to install and (\d+ min \d+ s) to run", readme)
-    counts = re.search(r"\((\d[\d,]* passed), (\d+ skipped)", readme)
-    date = re.search(r"clean clone in a fresh venv on (\d{4}-\d\d-\d\d)", readme)
-    assert install and counts and date, "the README's test command timing is not found"
-    for figure in (*install.groups(), *counts.groups(), date.group(1)):
-        assert figure in started, figure
-
-
 def test_concepts_gives_the_default_rate_schedule_the_code_has():
     from pyro_bbb.training import InverseTimeDecay
 
