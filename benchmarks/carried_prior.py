@@ -11,16 +11,16 @@ each repeat, so the ratio is measured under the same machine load.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 
 import torch
+from _common import script_parser
 
 import pyro_bbb as bbb
 from pyro_bbb.priors import Gaussian, from_guide
 
-parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+parser = script_parser(__doc__)
 parser.add_argument("--repeats", type=int, default=5)
 parser.add_argument("--epochs", type=int, default=20)
 args = parser.parse_args()

@@ -30,13 +30,11 @@ already there are skipped, so the script resumes); ``--table`` prints the tables
 
 from __future__ import annotations
 
-import argparse
 import functools
 import itertools
 import statistics
 import sys
 import time
-import warnings
 from pathlib import Path
 
 import pyro
@@ -44,10 +42,17 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.problems, from the root
 
-from _common import add_run_arguments, grouped, markdown_table, run_missing, stage_starts
+from _common import (
+    Timed,
+    add_run_arguments,
+    grouped,
+    markdown_table,
+    run_missing,
+    script_parser,
+    stage_starts,
+)
 
 import pyro_bbb as bbb
-from pyro_bbb.training.convergence import ConvergenceWarning
 from tests.problems import (
     exact_guide,
     linear_bnn,
@@ -82,11 +87,8 @@ def run(problem: str, guide_name: str, protocol: str, seed: int) -> dict:
         if protocol == "optimum":
             guide = optimal_mean_field(model, x, y, mean, precision)
         target = precision.diagonal().rsqrt()
-    start = time.perf_counter()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
+    with Timed(time.perf_counter) as timed:
         history = bbb.fit(model, guide, x, y, epochs=PROTOCOLS[protocol], seed=seed, **options)
-    seconds = time.perf_counter() - start
     marginals = guide.marginals(x, y)
     loc = torch.cat([marginals["0.weight"][0].reshape(-1), marginals["0.bias"][0]]).detach()
     sd = torch.cat([marginals["0.weight"][1].reshape(-1), marginals["0.bias"][1]]).detach()
@@ -99,9 +101,9 @@ def run(problem: str, guide_name: str, protocol: str, seed: int) -> dict:
         "mean_error": float(((loc - mean).abs() / target).max()),
         "epochs": len(history),
         "steps": history.steps[-1],
-        "seconds": seconds,
+        "seconds": timed.seconds,
         "converged": history.converged,
-        "warned": any(issubclass(w.category, ConvergenceWarning) for w in caught),
+        "warned": bool(timed.warnings),
         "stages": stage_starts(history),
         "message": history.convergence.message,
     }
@@ -131,11 +133,11 @@ def table(rows: list[dict]) -> str:
             f"{sum(bool(r['converged']) for r in group)}/{len(group)}",
             f"{sum(r['warned'] for r in group)}/{len(group)}",
         ))  # fmt: skip
-    return markdown_table(header, lines, text=3)
+    return markdown_table(header, lines, align="lll" + "r" * 7)
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = script_parser(__doc__)
     add_run_arguments(parser, "convergence.jsonl")
     parser.add_argument("--problems", nargs="+", default=list(PROBLEMS), choices=list(PROBLEMS))
     parser.add_argument("--guides", nargs="+", default=["meanfield", "lowrank"])

@@ -30,17 +30,18 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
+
+from _common import in_fresh_process, machine, markdown_table, script_parser
 
 BATCH = 128
 SIZES = [784, 400, 400, 10]
 
 
 def worker(args: argparse.Namespace) -> None:
-    """One process of one configuration: fit, then rank 0 prints a RESULT line."""
+    """One process of one configuration: fit, then rank 0 prints its result (JSON)."""
     import pyro
     import torch
     import torch.distributed as dist
@@ -87,9 +88,9 @@ def worker(args: argparse.Namespace) -> None:
             "interval_seconds": statistics.median(intervals),
             "checkpoint_bytes": size,
         }
-        print("RESULT " + json.dumps(result), flush=True)
+        print(json.dumps(result), flush=True)
     if dist.is_initialized():
-        dist.barrier()  # tear down together (one process alone aborts under load)
+        dist.barrier()  # tear down together, as examples/ddp.py explains
         dist.destroy_process_group()
 
 
@@ -100,17 +101,11 @@ def launch(args: argparse.Namespace, processes: int | None, *extra: str) -> dict
     if processes is not None:
         prefix += ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    run = subprocess.run(
-        [*prefix, __file__, *options], capture_output=True, text=True, env=env, timeout=1800
-    )
-    if run.returncode != 0:
-        raise RuntimeError(f"{prefix} {options} failed:\n{run.stdout[-2000:]}{run.stderr[-3000:]}")
-    line = next(line for line in run.stdout.splitlines() if line.startswith("RESULT "))
-    return json.loads(line.removeprefix("RESULT "))
+    return in_fresh_process([*prefix, __file__, *options], env=env, timeout=1800)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = script_parser(__doc__)
     parser.add_argument("--steps", type=int, default=20, help="steps per epoch and process")
     parser.add_argument("--epochs", type=int, default=4, help="epochs; the first is warm-up")
     parser.add_argument("--rounds", type=int, default=3, help="turns of every configuration")
@@ -124,8 +119,6 @@ def main() -> None:
         return
     if args.epochs < 2:
         parser.error("--epochs must be at least 2 (the first is warm-up)")
-
-    from _common import machine
 
     configs = {"single": (None, ()), "single, 2 threads": (None, ("--threads", "2"))}
     for k in (int(p) for p in args.processes.split(",")):
@@ -144,13 +137,13 @@ def main() -> None:
     print(f"\n{machine()}, {os.cpu_count()} CPUs; {'-'.join(map(str, SIZES))} MLP, MeanFieldGuide")
     print(f"batch {BATCH} per process, {args.steps} steps per epoch and process, median of")
     print(f"epochs 2..{args.epochs} and of {args.rounds} round(s)\n")
-    print("| configuration | examples/s | vs single |")
-    print("| --- | ---: | ---: |")
-    for name in configs:
-        if "checkpoint" in name:
-            continue
-        rate = median(name, "num_data") / median(name, "epoch_seconds")
-        print(f"| {name} | {rate:,.0f} | {rate / reference:.2f}x |")
+    rates = {
+        name: median(name, "num_data") / median(name, "epoch_seconds")
+        for name in configs
+        if "checkpoint" not in name
+    }
+    lines = [(name, f"{rate:,.0f}", f"{rate / reference:.2f}x") for name, rate in rates.items()]
+    print(markdown_table(("configuration", "examples/s", "vs single"), lines, align="lrr"))
     plain = median("single", "interval_seconds")
     saved = median("single + checkpoint every epoch", "interval_seconds")
     size = median("single + checkpoint every epoch", "checkpoint_bytes")

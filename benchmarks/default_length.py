@@ -31,33 +31,36 @@ import argparse
 import functools
 import json
 import statistics
-import time
-import warnings
 from pathlib import Path
 
 import pyro
-from _common import add_run_arguments, grouped, markdown_table, run_missing, stage_starts
+from _common import (
+    Timed,
+    add_run_arguments,
+    grouped,
+    markdown_table,
+    run_missing,
+    script_parser,
+    stage_starts,
+)
 
 import pyro_bbb as bbb
 from pyro_bbb.bench.uci import UCIConfig, fit_split
 from pyro_bbb.data import FASHION_MNIST, gap_regression, image_split, load_uci_folder
-from pyro_bbb.training.convergence import ConvergenceWarning
 
 FIXED = {"gap": (1000, 3000, 10000), "mnist": (40,), "mnist60k": (), "uci": (2000,)}
 
 
 def _fit(model, guide, x, y, epochs, **options) -> dict:
-    start = time.process_time()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
+    with Timed() as timed:
         history = bbb.fit(model, guide, x, y, epochs=epochs, progress=False, **options)
     return {
-        "cpu": time.process_time() - start,
+        "cpu": timed.seconds,
         "epochs": len(history),
         "steps": history.steps[-1],
         "stages": stage_starts(history),
         "stopped": history.stopped,
-        "warned": [str(w.message) for w in caught if issubclass(w.category, ConvergenceWarning)],
+        "warned": timed.warnings,
     }
 
 
@@ -95,19 +98,15 @@ def run(problem: str, protocol: str, seed: int, args: argparse.Namespace) -> dic
         name = problem.split(":")[1]
         data = load_uci_folder(args.uci / name, num_splits=seed + 1)
         config = UCIConfig(epochs=epochs)
-        start = time.process_time()
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
+        with Timed() as timed:
             result = fit_split(
                 "bnn", data[seed], dataset=name, n_hidden=data.n_hidden or 50, config=config
             )
         row |= {
-            "cpu": time.process_time() - start,
+            "cpu": timed.seconds,
             "test_ll": result.log_likelihood,
             "rmse": result.rmse,
-            "warned": [
-                str(w.message) for w in caught if issubclass(w.category, ConvergenceWarning)
-            ],
+            "warned": timed.warnings,
         }
     return row
 
@@ -133,11 +132,11 @@ def table(rows: list[dict]) -> str:
             f"{statistics.median(r['cpu'] for r in group):.1f}",
             f"{sum(bool(r['warned']) for r in group)}/{len(group)}",
         ))  # fmt: skip
-    return markdown_table(header, lines, text=2)
+    return markdown_table(header, lines, align="ll" + "r" * 7)
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = script_parser(__doc__)
     add_run_arguments(parser, "default_length.jsonl")
     parser.add_argument("--problems", nargs="+", default=["gap"])
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2, 3])

@@ -30,15 +30,12 @@ histogram (``weight_sigma.png``).
 
 from __future__ import annotations
 
-import argparse
-import json
-import math
 import time
 from pathlib import Path
 
 import pyro
 import torch
-from _common import machine
+from _common import machine, markdown_table, mean_error, save_report, script_parser
 from pyro.infer.autoguide import AutoDelta, init_to_value
 from tqdm.auto import tqdm
 
@@ -150,39 +147,34 @@ COLUMNS = (
 )
 
 
-def mean_se(values: list[float]) -> tuple[float, float]:
-    n = len(values)
-    mean = sum(values) / n
-    if n < 2:
-        return mean, 0.0
-    return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1) / n)
-
-
 def markdown(summary: dict, seeds: int, epochs: int | None, seconds: float) -> str:
     lines = [
         f"Digits test set (450 images), mean ± s.e. over {seeds} seed(s); "
         f"{epochs or 'automatic (epochs=None)'} epochs, "
         "batch 128, Adam lr 0.01, 64-100-10 ReLU; 100 predictive samples; ECE with 15 bins.",
         "",
-        "| method | " + " | ".join(label for _, label in COLUMNS) + " |",
-        "|" + " --- |" * (len(COLUMNS) + 1),
+        markdown_table(
+            ("method", *(label for _, label in COLUMNS)),
+            [
+                (method, *(f"{row[key][0]:.3f} ± {row[key][1]:.3f}" for key, _ in COLUMNS))
+                for method, row in summary.items()
+            ],
+            align="l" * (len(COLUMNS) + 1),
+        ),
     ]
-    for method, row in summary.items():
-        cells = [f"{row[key][0]:.3f} ± {row[key][1]:.3f}" for key, _ in COLUMNS]
-        lines.append(f"| {method} | " + " | ".join(cells) + " |")
     lines += ["", f"Wall time {seconds:.0f} s on {machine()}, one thread."]
     lengths = {m: row for m, row in summary.items() if "epochs" in row}
     if lengths:
-        lines += ["", "| method | epochs | fit seconds |", "| --- | ---: | ---: |"]
-        lines += [
-            f"| {m} | {row['epochs'][0]:.0f} | {row['fit_seconds'][0]:.1f} |"
+        rows = [
+            (m, f"{row['epochs'][0]:.0f}", f"{row['fit_seconds'][0]:.1f}")
             for m, row in lengths.items()
         ]
+        lines += ["", markdown_table(("method", "epochs", "fit seconds"), rows, align="lrr")]
     return "\n".join(lines) + "\n"
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = script_parser(__doc__)
     parser.add_argument(
         "--epochs",
         type=lambda text: None if text == "auto" else int(text),
@@ -219,12 +211,14 @@ def main() -> None:
                 )
     seconds = time.perf_counter() - start
     keys = [key for key, _ in COLUMNS] + ["epochs", "fit_seconds"]
-    summary = {m: {key: mean_se([r[key] for r in rs]) for key in keys} for m, rs in rows.items()}
+    summary = {
+        m: {key: mean_error([r[key] for r in rs], error="se") for key in keys}
+        for m, rs in rows.items()
+    }
     table = markdown(summary, args.seeds, args.epochs, seconds)
     print(table)
-    (out / "digits.md").write_text(table)
     report = {"epochs": args.epochs, "seeds": args.seeds, "summary": summary, "runs": rows}
-    (out / "digits.json").write_text(json.dumps(report, indent=1) + "\n")
+    save_report(out, "digits", table, report)
     print(f"Saved {out / 'digits.md'}, {out / 'digits.json'} and the figures in {out}")
 
 

@@ -28,13 +28,12 @@ weight sample costs little and flipout, which removes only that covariance, gain
 
 from __future__ import annotations
 
-import argparse
 import time
 from collections.abc import Callable
 
 import pyro
 import torch
-from _common import machine
+from _common import machine, markdown_table, script_parser
 
 import pyro_bbb
 from pyro_bbb.infer import AnnealedELBO
@@ -134,7 +133,7 @@ LABELS = {
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = script_parser(__doc__)
     parser.add_argument("--repeats", type=int, default=None, help="gradient draws (default 50)")
     parser.add_argument("--threads", type=int, default=2, help="torch.set_num_threads")
     parser.add_argument("--small", action="store_true", help="784-100-10, R=20: a quick run")
@@ -190,14 +189,16 @@ def main() -> None:
         results = _measure(model, make_guide, estimators, x, y, repeats)
         base_loc, base_rho, base_ms = results[None]
         print(f"## {title}\n")
-        print("| estimator | Var ∂/∂μ | vs plain | Var ∂/∂ρ | vs plain | time/step vs plain |")
-        print("| --- | ---: | ---: | ---: | ---: | ---: |")
-        for name, (v_loc, v_rho, ms) in results.items():
-            cost = "— (loop)" if name == PER_EXAMPLE else f"{ms / base_ms:.2f}×"
-            print(
-                f"| {LABELS[name]} | {v_loc:.3e} | {v_loc / base_loc:.3g} | {v_rho:.3e} | "
-                f"{v_rho / base_rho:.3g} | {cost} |"
+        header = ("estimator", "Var ∂/∂μ", "vs plain", "Var ∂/∂ρ", "vs plain", "time/step vs plain")
+        lines = [
+            (
+                LABELS[name], f"{v_loc:.3e}", f"{v_loc / base_loc:.3g}", f"{v_rho:.3e}",
+                f"{v_rho / base_rho:.3g}",
+                "— (loop)" if name == PER_EXAMPLE else f"{ms / base_ms:.2f}×",
             )
+            for name, (v_loc, v_rho, ms) in results.items()
+        ]  # fmt: skip
+        print(markdown_table(header, lines, align="l" + "r" * 5))
         print(f"\nplain: {base_ms:.1f} ms per gradient step (ELBO + backward) on this machine\n")
     print(
         "Var: mean over the first layer's weight and bias elements of the per-element "

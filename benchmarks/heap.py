@@ -24,14 +24,13 @@ import hashlib
 import json
 import os
 import resource
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pyro
 import torch
-from _common import machine
+from _common import in_fresh_process, machine, markdown_table, script_parser
 
 import pyro_bbb
 from pyro_bbb.infer import Ensemble
@@ -86,12 +85,10 @@ SETTINGS = {
 }
 
 
-def in_fresh_process(config: str, epochs: int, threads: int, setting: str) -> dict:
+def fresh_fit(config: str, epochs: int, threads: int, setting: str) -> dict:
     command = [sys.executable, __file__, "--one", config, "--epochs", str(epochs),
                "--threads", str(threads)]  # fmt: skip
-    env = {**os.environ, **SETTINGS[setting]}
-    out = subprocess.run(command, check=True, capture_output=True, text=True, env=env).stdout
-    return json.loads(out.strip().splitlines()[-1])
+    return in_fresh_process(command, env={**os.environ, **SETTINGS[setting]})
 
 
 def protein_like(folder: Path, rows: int = 45_730, splits: int = 1) -> None:
@@ -114,7 +111,7 @@ def protein_like(folder: Path, rows: int = 45_730, splits: int = 1) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = script_parser(__doc__)
     parser.add_argument("--configs", default="bnn,ensemble")
     parser.add_argument("--epochs", type=int, default=60)
     parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads")
@@ -134,18 +131,21 @@ def main() -> None:
         f"thread(s), load average {os.getloadavg()[0]:.1f} at the start; each fit in a fresh "
         "process\n"
     )
-    print("| fit | heap | wall s | user s | system s | system / user | minor faults | "
-          "peak RSS MiB | same result |")  # fmt: skip
-    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
+    header = ("fit", "heap", "wall s", "user s", "system s", "system / user", "minor faults",
+              "peak RSS MiB", "same result")  # fmt: skip
+    lines = []
     for config in args.configs.split(","):
-        runs = {s: in_fresh_process(config, args.epochs, args.threads, s) for s in SETTINGS}
+        runs = {s: fresh_fit(config, args.epochs, args.threads, s) for s in SETTINGS}
         first = next(iter(runs.values()))["digest"]
-        for label, r in runs.items():
-            print(
-                f"| {config} | {label} | {r['wall']:.1f} | {r['user']:.1f} | {r['system']:.1f} | "
-                f"{r['system'] / r['user']:.0%} | {r['faults']:,} | {r['peak_mib']:.0f} | "
-                f"{'yes' if r['digest'] == first else 'NO'} |"
+        lines += [
+            (
+                config, label, f"{r['wall']:.1f}", f"{r['user']:.1f}", f"{r['system']:.1f}",
+                f"{r['system'] / r['user']:.0%}", f"{r['faults']:,}", f"{r['peak_mib']:.0f}",
+                "yes" if r["digest"] == first else "NO",
             )
+            for label, r in runs.items()
+        ]  # fmt: skip
+    print(markdown_table(header, lines, align="ll" + "r" * 6 + "l"))
     print(f"\n(load average {os.getloadavg()[0]:.1f} at the end)")
 
 

@@ -24,14 +24,13 @@ time). Predictions use 100 weight samples; one thread; mean ± standard error ov
 
 from __future__ import annotations
 
-import argparse
 import copy
 import time
 
 import pyro
 import torch
 import torch.nn.functional as F
-from _common import machine
+from _common import machine, markdown_table, plus_minus, script_parser
 from torch import nn
 
 import pyro_bbb as bbb
@@ -145,15 +144,12 @@ def run(data, ood, epochs: int, head_epochs: int, seed: int) -> dict[str, tuple[
 
 
 def mean_se(values: list[float]) -> str:
-    mean = sum(values) / len(values)
-    if len(values) == 1:
-        return f"{mean:.3f}"
-    var = sum((v - mean) ** 2 for v in values) / (len(values) - 1)
-    return f"{mean:.3f} ± {(var / len(values)) ** 0.5:.3f}"
+    """``"mean ± standard error"``; the bare value of one seed."""
+    return plus_minus(values, error="se") if len(values) > 1 else f"{values[0]:.3f}"
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = script_parser(__doc__)
     parser.add_argument("--epochs", type=int, default=30)
     parser.add_argument("--head-epochs", type=int, default=10)
     parser.add_argument("--seeds", type=int, default=3)
@@ -165,12 +161,17 @@ def main() -> None:
     print(f"# Digits ConvNet: last layer Bayesian vs full BNN vs deterministic\n\n{machine()}")
     print(f"mean ± standard error over {args.seeds} seeds\n")
     keys = ("accuracy", "nll", "ece", "auroc_noise", "auroc_rot90")
-    print("| method | accuracy ↑ | NLL ↓ | ECE ↓ | AUROC noise ↑ | AUROC rot90 ↑ | train s |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
-    for name in runs[0]:
-        cells = [mean_se([r[name][0][k] for r in runs]) for k in keys]
-        seconds = sum(r[name][1] for r in runs) / len(runs)
-        print(f"| {name} | {' | '.join(cells)} | {seconds:.1f} |")
+    header = ("method", "accuracy ↑", "NLL ↓", "ECE ↓", "AUROC noise ↑", "AUROC rot90 ↑",
+              "train s")  # fmt: skip
+    lines = [
+        (
+            name,
+            *(mean_se([r[name][0][k] for r in runs]) for k in keys),
+            f"{sum(r[name][1] for r in runs) / len(runs):.1f}",
+        )
+        for name in runs[0]
+    ]
+    print(markdown_table(header, lines, align="l" + "r" * 6))
 
 
 if __name__ == "__main__":

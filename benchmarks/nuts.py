@@ -30,13 +30,12 @@ NumPyro's (the same algorithm and adaptation).
 
 from __future__ import annotations
 
-import argparse
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from _common import machine
+from _common import machine, markdown_table, script_parser
 
 import pyro_bbb as bbb
 
@@ -160,22 +159,23 @@ def run_pyro(problem: Problem, args, numpyro_row: dict) -> dict:
 
 
 def table(rows: list[tuple[str, str, dict]], args) -> str:
-    lines = [
-        "| problem | backend | wall time (s) | fixed (s) | ms / draw | µs / leapfrog step | "
-        "steps / draw | fn-space ESS min | R̂ max | ESS / s | time to ESS 400 (s) |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
-    ]
+    header = (
+        "problem", "backend", "wall time (s)", "fixed (s)", "ms / draw", "µs / leapfrog step",
+        "steps / draw", "fn-space ESS min", "R̂ max", "ESS / s", "time to ESS 400 (s)",
+    )  # fmt: skip
+    cells = []
     for problem, backend, row in rows:
         extrapolated = backend == "pyro"
         mark = "*" if extrapolated else ""
-        steps = "—" if extrapolated else f"{row['steps']:.0f}"
-        ess = "(NumPyro's)" if extrapolated else f"{row['ess']:.0f}"
-        rhat = "—" if extrapolated else f"{row['rhat']:.3f}"
-        lines.append(
-            f"| {problem} | {backend}{mark} | {row['wall']:.0f}{mark} | {row['fixed']:.1f} | "
-            f"{1e3 * row['per_draw']:.2f} | {1e6 * row['per_step']:.1f} | {steps} | {ess} | "
-            f"{rhat} | {row['ess'] / row['wall']:.2f}{mark} | {row['to_400']:.0f}{mark} |"
-        )
+        cells.append((
+            problem, f"{backend}{mark}", f"{row['wall']:.0f}{mark}", f"{row['fixed']:.1f}",
+            f"{1e3 * row['per_draw']:.2f}", f"{1e6 * row['per_step']:.1f}",
+            "—" if extrapolated else f"{row['steps']:.0f}",
+            "(NumPyro's)" if extrapolated else f"{row['ess']:.0f}",
+            "—" if extrapolated else f"{row['rhat']:.3f}",
+            f"{row['ess'] / row['wall']:.2f}{mark}", f"{row['to_400']:.0f}{mark}",
+        ))  # fmt: skip
+    lines = [markdown_table(header, cells, align="ll" + "r" * 9)]
     lines.append(
         f"\n{args.chains} chains × (warm-up + draws): "
         + ", ".join(f"{p} {r['draws']} + {r['draws']}" for p, b, r in rows if b == "numpyro")
@@ -189,7 +189,7 @@ def table(rows: list[tuple[str, str, dict]], args) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = script_parser(__doc__)
     parser.add_argument("--problems", nargs="+", choices=list(PROBLEMS), default=list(PROBLEMS))
     parser.add_argument("--chains", type=int, default=4)
     parser.add_argument("--draws", type=int, help="warm-up iterations = draws per chain")

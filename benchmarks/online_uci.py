@@ -18,13 +18,11 @@ targets, met or not.
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
 from dataclasses import asdict
 from pathlib import Path
 
-from _common import machine, repository_root
+from _common import machine, markdown_table, repository_root, save_report, script_parser
 
 from pyro_bbb.bench.online_uci import (
     BATCH,
@@ -58,7 +56,7 @@ def main_table(table, methods):
     head += [f"{METHODS[m].label} test LL" for m in ours]
     head += ["batch BNN test LL"] if BATCH in methods else []
     head += [f"{METHODS[m].label if m != BATCH else 'batch BNN'} CPU s" for m in methods]
-    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    lines = []
     for dataset, rows in sorted(table.items()):
         places = decimals_for(dataset)
         splits = max(int(r["splits"]) for r in rows.values())
@@ -72,8 +70,8 @@ def main_table(table, methods):
         line += [cell(rows.get(m), "log_likelihood", 2) for m in ours]
         line += [cell(rows.get(BATCH), "log_likelihood", 2)] if BATCH in methods else []
         line += [f"{rows[m]['cpu_seconds']:.1f}" if m in rows else "—" for m in methods]
-        lines.append("| " + " | ".join(line) + " |")
-    return "\n".join(lines)
+        lines.append(line)
+    return markdown_table(head, lines, align="l" * len(head))
 
 
 def targets(table, methods):
@@ -103,7 +101,7 @@ def targets(table, methods):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = script_parser(__doc__)
     parser.add_argument("--data", default=str(repository_root().parent / "shared/data/uci"))
     parser.add_argument("--splits", type=int, default=None, help="the first N splits of each")
     parser.add_argument("--datasets", nargs="+", default=None)
@@ -148,10 +146,8 @@ def main():
         + "\n"
     )
     print("\n" + text)
-    (out / "online_uci.md").write_text(text)
-    (out / "online_uci.json").write_text(
-        json.dumps({"results": [asdict(r) for r in results], "summary": table}, indent=1)
-    )
+    report = {"results": [asdict(r) for r in results], "summary": table}
+    save_report(out, "online_uci", text, report)
 
 
 if __name__ == "__main__":

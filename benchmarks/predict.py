@@ -27,15 +27,13 @@ mean-field guide is at its initialisation; its values do not change the cost.
 
 from __future__ import annotations
 
-import argparse
-import statistics
 import time
 from collections.abc import Callable
 
 import pyro
 import pyro.poutine as poutine
 import torch
-from _common import machine
+from _common import interleaved, machine, markdown_table, script_parser
 from pyro.infer import Predictive
 
 import pyro_bbb
@@ -107,23 +105,8 @@ def _layer_locs(guide) -> list[tuple[torch.Tensor, torch.Tensor]]:
     return [(medians[f"{layer}.weight"], medians[f"{layer}.bias"]) for layer in layers]
 
 
-def measure(
-    runs: dict[str, Callable[[], object]], repeats: int, sync, clock: Callable[[], float]
-) -> dict[str, float]:
-    times: dict[str, list[float]] = {label: [] for label in runs}
-    for run in runs.values():
-        run()  # warm-up
-    for _ in range(repeats):
-        for label, run in runs.items():
-            start = clock()
-            run()
-            sync()
-            times[label].append(clock() - start)
-    return {label: statistics.median(values) for label, values in times.items()}
-
-
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = script_parser(__doc__)
     parser.add_argument("--nets", default="large,small")
     parser.add_argument("--samples", type=int, default=100)
     parser.add_argument("--batch", type=int, default=1000)
@@ -159,13 +142,15 @@ def main() -> None:
         sizes = SIZES[name]
         model, guide = build(sizes, device)
         x = torch.rand(args.batch, sizes[0], device=device)
-        medians = measure(runners(model, guide, x, args.samples), args.repeats, sync, clock)
+        runs = runners(model, guide, x, args.samples)
+        medians = interleaved(runs, args.repeats, clock=clock, sync=sync)
         loop = medians["loop of forward passes"]
         print(f"## {'-'.join(map(str, sizes))}\n")
-        print("| configuration | ms | speed-up over the loop |")
-        print("| --- | ---: | ---: |")
-        for label, seconds in medians.items():
-            print(f"| {label} | {1e3 * seconds:.1f} | {loop / seconds:.1f}× |")
+        lines = [
+            (label, f"{1e3 * seconds:.1f}", f"{loop / seconds:.1f}×")
+            for label, seconds in medians.items()
+        ]
+        print(markdown_table(("configuration", "ms", "speed-up over the loop"), lines, align="lrr"))
         print()
 
 
