@@ -68,6 +68,7 @@ def test_ci_runs_the_extended_tier_after_the_readme_test_command():
 FIGURES = re.compile(
     r"one run of it as written on a clean clone in a fresh venv on (?P<date>\d{4}-\d\d-\d\d) "
     r".*?about (?P<install>\d+) s to install and (?P<run>\d+) s to run the quick tier "
+    r"\((?P<cpu>\d+) s of CPU\)"
     r".*?(?P<passed>\d[\d,]*) passed, (?P<skipped>\d+) skipped"
     r".*?the extended tier \(.*?: (?P<extended>\d+) tests"
 )
@@ -90,8 +91,10 @@ def test_the_readmes_counts_are_what_its_test_command_collects(request):
     assert int(figures["extended"]) == len(suite.extended)
 
 
-def test_the_readmes_quick_tier_runs_within_three_minutes_on_two_cores():
-    assert int(_readme_figures()["run"]) <= 180  # else move tests to the extended tier
+def test_the_readmes_quick_tier_fits_in_three_minutes_of_two_cores():
+    # its CPU time, which a busy machine inflates least; more, and tests move to the extended
+    # tier (tests/tiers.py)
+    assert int(_readme_figures()["cpu"]) <= 2 * 180
 
 
 def test_the_getting_started_page_gives_the_readmes_figures():
