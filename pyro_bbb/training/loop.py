@@ -26,9 +26,8 @@ from torch.utils.data import DataLoader
 
 from .._heap import kept_heap
 from ..infer.collapse import CollapseMonitor
-from ..infer.reparam import estimator
 from ..infer.schedules import ScheduleLike
-from .arguments import check_options, rate_is_fits, rows_of
+from .arguments import check_options, rows_of
 from .callbacks import Callback
 from .captured import static_steps
 from .checkpoint import Checkpointing, FitState, fit_options
@@ -40,10 +39,10 @@ from .history import History
 from .lr_schedules import LRSchedule, LRScheduleLike
 from .minibatches import Batches, make_batches
 from .objective import build_objective
-from .optimizers import OptimizerSpec, make_optimizer
+from .optimizers import OptimizerSpec
 from .placement import place
 from .progress import Progress, show_progress
-from .rates import default_lr
+from .rates import fit_optimizer
 from .run_length import RunLength, run_length
 from .scoring import SAMPLE_ROWS, SampleFit, Scores, held_out_score, score_every
 from .steps import Steps
@@ -302,12 +301,13 @@ def fit(
             was not finite and the sites whose terms were not finite there.
     """
     # set-up: the options, the rows, the run's length, the objective, where the fit starts
-    until = check_options(epochs, batch_size, num_particles, lr, max_steps, until)
+    until = check_options(epochs, batch_size, num_particles, lr, max_steps, until, optimizer)
     held = resolve_validation(validation, model, x, epochs, until)  # read here alone
     parallel = data_parallel()  # a world of one unless torch.distributed is initialised
     options = fit_options(
         x, batch_size=batch_size, shuffle=shuffle, num_particles=num_particles, reparam=reparam,
-        epochs=epochs, until=until, validation=held.fraction, pair=held.pair,
+        epochs=epochs, until=until, validation=held.fraction, pair=held.pair, lr=lr,
+        optimizer=optimizer, lr_schedule=lr_schedule, max_steps=max_steps,
     )  # fmt: skip
     saving = Checkpointing(
         checkpoint, checkpoint_every, resume, epochs=epochs, world_size=parallel.world_size,
@@ -323,13 +323,13 @@ def fit(
     length, schedule, lr_schedule = run_length(
         epochs, max_steps, len(batches), beta, lr_schedule,
         until=until, scored=held_out is not None, every=score_every(len(batches)),
-        gives_back=rows is not None, halves=rate_is_fits(lr, optimizer),
+        gives_back=rows is not None, halves=saving.halves,
         steps_given_back=len(batches.every_row) if batches.every_row is not None else None,
     )  # fmt: skip
-    handler = estimator(reparam)
-    objective = build_objective(model, guide, schedule, num_particles, reparam, handler, batches)
+    with saving.setting_up():  # a resumed fit's values come from its checkpoint
+        objective = build_objective(model, guide, schedule, num_particles, reparam, batches)
     elbo, first, params = objective.elbo, objective.first, objective.params
-    optim = make_optimizer(optimizer, params, default_lr(model) if lr is None else lr)
+    optim = fit_optimizer(optimizer, lr, saving.own_rates, model, guide, objective)
     rates = LRSchedule(lr_schedule, optim)
     parallel.broadcast_(params)  # every process starts from rank 0's parameters
     history = History(
@@ -340,10 +340,9 @@ def fit(
     scores = Scores(params, _sample_fit(batches, epochs, order_seed), held_out)
     state = FitState(
         model, guide, objective.named, params, optim, history, batches.seed, first, rates,
-        scores.average,
+        scores.average, run=length,
     )  # fmt: skip
-    _resume_or_seed(state, saving, parallel, seed)
-    length.restore(history)
+    _resume_or_seed(state, saving, parallel, seed, length)
     monitor = CollapseMonitor(model, guide, *first)
 
     # the epochs
@@ -355,7 +354,7 @@ def fit(
         cuda_graph, objective.fused, optim, rates, params, callbacks, parallel, data_device
     )  # after the resume: the optimiser's rates become tensors there
     steps = Steps(
-        model, guide, elbo, handler, optim, params, parallel, callbacks, rates,
+        model, guide, elbo, objective.handler, optim, params, parallel, callbacks, rates,
         step=history.steps[-1] if history.steps else 0, fused=objective.fused, runner=runner,
     )  # fmt: skip
     every_row, stop = batches.every_row or batches, False
@@ -414,14 +413,21 @@ def _scored(
 
 
 def _resume_or_seed(
-    state: FitState, saving: Checkpointing, parallel: DataParallel, seed: int | None
+    state: FitState,
+    saving: Checkpointing,
+    parallel: DataParallel,
+    seed: int | None,
+    length: RunLength,
 ) -> None:
     """Continue a checkpoint (parameters, optimiser, History, random states), or seed the noise.
 
-    A fresh fit seeds each process's Monte Carlo noise with ``seed + rank`` after the shared
+    A resumed run's stages and halvings follow its History (checked against the record). A
+    fresh fit seeds each process's Monte Carlo noise with ``seed + rank`` after the shared
     initialisation.
     """
     if saving.resumed is not None:
         saving.restore(state, parallel.rank)
     else:
         parallel.seed_noise(seed)
+    length.restore(state.history)
+    saving.check_halvings(getattr(length, "halvings", []))
