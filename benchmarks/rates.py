@@ -38,7 +38,7 @@ from torch import nn
 import pyro_bbb as bbb
 from pyro_bbb.data import gap_regression
 from pyro_bbb.nn.layers import initial_values
-from pyro_bbb.training import loop
+from pyro_bbb.training import rates
 from pyro_bbb.training.rates import MAX_LR, STEP_SHARE, tensor_rates
 
 
@@ -129,13 +129,13 @@ def token_data(seed: int) -> tuple[torch.Tensor, ...]:
 
 def fit_case(case: str, rule: str, seed: int) -> dict:
     """One fit at ``fit``'s defaults under ``rule``; its test scores and CPU seconds."""
-    saved = loop.own_groups
+    saved = rates.own_groups
     if rule == "largest":
-        loop.own_groups = _largest
+        rates.own_groups = _largest
     try:
         return _fit_case(case, seed)
     finally:
-        loop.own_groups = saved
+        rates.own_groups = saved
 
 
 def _fit_case(case: str, seed: int) -> dict:

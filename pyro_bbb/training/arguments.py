@@ -14,7 +14,7 @@ from .optimizers import OptimizerSpec
 from .rates import check_rate_choice
 from .run_length import check_automatic
 
-__all__ = ["check_options", "rate_is_fits", "rows_of"]
+__all__ = ["check_options", "rows_of"]
 
 
 def check_options(
@@ -41,15 +41,6 @@ def check_options(
         check_positive_number("lr", lr)
     check_rate_choice(lr, optimizer)
     return check_automatic(epochs, max_steps, until)
-
-
-def rate_is_fits(lr: float | None, optimizer: OptimizerSpec | None) -> bool:
-    """Whether ``fit`` chose the rate: no ``lr``, and no optimiser built by the user's function.
-
-    An optimiser class is built with ``fit``'s rate; a function sets its own, followed as
-    given (an automatic run halves only a rate of ``fit``'s).
-    """
-    return lr is None and (optimizer is None or isinstance(optimizer, type))
 
 
 def rows_of(x: object) -> int:

@@ -44,10 +44,10 @@ from .._fitted import replacing_values
 from .._validation import check_int
 from ..io.files import CHECKPOINT, read_file, write_atomic
 from ..io.serialization import capture, match
-from .arguments import rate_is_fits
 from .distributed import DataParallel
 from .history import History
 from .lr_schedules import LRSchedule
+from .rates import rate_is_fits
 
 __all__ = [
     "Checkpointing",
@@ -102,7 +102,7 @@ def fit_options(
         lr: ``fit``'s ``lr``, as given.
         optimizer: ``fit``'s ``optimizer``: with ``lr``, whether ``fit`` chose the rates
             (``own_rate``: no ``lr`` and no optimiser function,
-            :func:`~pyro_bbb.training.arguments.rate_is_fits`).
+            :func:`~pyro_bbb.training.rates.rate_is_fits`).
         lr_schedule: ``fit``'s ``lr_schedule``.
         max_steps: ``fit``'s ``max_steps``.
 

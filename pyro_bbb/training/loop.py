@@ -156,13 +156,14 @@ def fit(
             fifty epochs; the table in ``docs/concepts.md`` has what it cost and bought.
         batch_size: Minibatch size ``B`` per process; ``None`` for the full batch (the
             process's whole share of the data).
-        lr: Learning rate of the default Adam optimiser (or of an ``optimizer`` class),
-            followed as given. ``None`` (the default) lets ``fit`` choose it: a sixteenth of
-            the root mean square of the network's largest weight tensor, at most 0.01
-            (:func:`~pyro_bbb.training.rates.default_lr`; Adam moves every weight by about
-            the rate a step), and an automatic run halves it, from its best average, where
-            its full-rate stage stops paying and while halving pays
-            (:mod:`~pyro_bbb.training.auto_epochs`).
+        lr: Learning rate of the default Adam optimiser (or of an ``optimizer`` class), one
+            for every parameter, followed as given. ``None`` (the default) lets ``fit`` give
+            each tensor its own (:mod:`~pyro_bbb.training.rates`; Adam moves every weight by
+            about the rate a step): a layer's means and ρ a sixteenth of its weights' root
+            mean square, at most 0.01, a learned noise 0.01; an automatic run halves them
+            together, from its best average, where its full-rate stage stops paying and
+            while halving pays (:mod:`~pyro_bbb.training.auto_epochs`). Only for optimisers
+            whose step the rate bounds (Adam's kin, RMSprop, Adagrad): SGD needs ``lr``.
         optimizer: A ``torch.optim.Optimizer`` class (built with ``lr``) or a function from the
             parameter list to an optimiser. Defaults to ``torch.optim.Adam`` with its fused
             implementation (same algorithm, one kernel over all tensors) where the
@@ -224,10 +225,12 @@ def fit(
         resume: A checkpoint to continue from: parameters, optimiser (including its learning
             rate and a torch scheduler's state), History, β's position and random states
             come from it. ``model`` and ``guide`` are built as for the interrupted fit; the
-            guide need not be set up. ``batch_size``, ``shuffle``, ``num_particles`` and
-            ``reparam`` must be the interrupted fit's, and ``epochs`` ``None`` again for an
-            automatic run, with its ``until`` and ``validation`` (a pair of the same rows:
-            the checkpoint records its fingerprint).
+            guide need not be set up. ``batch_size``, ``shuffle``, ``num_particles``,
+            ``reparam``, ``lr``, ``lr_schedule`` and the kind of ``optimizer`` must be the
+            interrupted fit's, and ``epochs`` ``None`` again for an automatic run, with its
+            ``until``, ``max_steps`` and ``validation`` (a pair of the same rows: the
+            checkpoint records its fingerprint). A checkpoint of the release before, which
+            recorded no rate, resumes at its optimiser's rate, never halved.
         cuda_graph: Run the fused step as one captured CUDA graph, replayed every step (the
             batch copied into static buffers, β and the learning rate device tensors
             written in place; the smaller last minibatch of an epoch runs eagerly).
@@ -247,7 +250,8 @@ def fit(
         max_steps: The budget of an automatic run (``epochs=None``), in optimiser steps
             (in whole epochs, at least one); ``None`` for the larger of 50,000 steps and 100
             epochs, so that a large data set gets as many passes as a small one gets steps.
-            The stages' least lengths shrink to fit a small budget; a run the budget ends
+            A hard budget: the stages' least lengths shrink to fit it, and held-out rows are
+            given back only where an epoch over every row still fits. A run the budget ends
             says so once (``ConvergenceWarning``), naming what was still moving and the
             ``max_steps`` to pass.
         until: When an automatic run (``epochs=None``) is done: ``"predictive"`` (the
@@ -288,12 +292,13 @@ def fit(
             ``DataLoader``'s rows, or any ``validation`` for a model whose predictive cannot
             be scored); a
             ``resume`` file that is not a checkpoint, is from another model, was written with
-            another ``batch_size``, ``shuffle``, ``num_particles`` or ``reparam`` (the error
-            names both values), by a fixed run resumed with ``epochs=None`` or the other way
+            another ``batch_size``, ``shuffle``, ``num_particles``, ``reparam``, ``lr``,
+            ``lr_schedule``, ``max_steps`` or kind of optimiser (the error names both
+            values), by a fixed run resumed with ``epochs=None`` or the other way
             round, with another ``until`` or ``validation`` pair (or with one where it had
             none, or none where it had one), or has done more than ``epochs`` epochs;
             ``cuda_graph=True`` on a fit whose step cannot be captured (the message says
-            why).
+            why); ``lr=None`` with an optimiser class whose step the rate does not bound.
         FileNotFoundError: If ``resume`` names no file.
         TypeError: If ``cuda_graph`` is not a bool or ``None``.
         FloatingPointError: When the loss becomes NaN or inf, at the end of that epoch (the
