@@ -110,6 +110,32 @@ def test_tempered_bayesian_mlp_on_digits_is_as_accurate_and_better_calibrated_th
     assert mean(ece_bnn) < mean(ece_det), (ece_bnn, ece_det)
 
 
+@pytest.mark.slow
+def test_tempered_bayesian_mlp_on_digits_at_fits_own_length_and_rates_is_as_accurate():
+    """The same tempered BNN with fit's own length and rates (no lr, no epochs).
+
+    Measured, seeds 0-2: 89-92 epochs, accuracy 0.980-0.982 against the MLP's 0.964-0.978,
+    but ECE 0.038-0.041 against its 0.021-0.025: a run that ends where its fit stops paying
+    is as accurate, not better calibrated, which is why the test above keeps the published
+    budget. The short form runs seed 0.
+    """
+    split = digits_split()
+    for seed in (0, 1, 2)[: scaled(1, 3)]:
+        probs_det = deterministic_mlp(split, 200, seed)
+        pyro.clear_param_store()
+        torch.manual_seed(seed)
+        model = bbb.BNN(bbb.mlp([64, 100, 10]), bbb.likelihoods.Categorical(), len(split.x_train))
+        guide = bbb.MeanFieldGuide(model, init_scale=0.01)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", bbb.PosteriorCollapseWarning)
+            bbb.fit(model, guide, split.x_train, split.y_train, batch_size=128,
+                    beta=LinearWarmup(40, end=0.1), reparam="local", seed=seed,
+                    progress=False)  # fmt: skip
+        pred = bbb.predict(model, guide, split.x_test, num_samples=100, seed=seed)
+        accuracy = metrics.accuracy(pred.probs, split.y_test)
+        assert accuracy >= metrics.accuracy(probs_det, split.y_test) - 0.01
+
+
 def test_command_line_demo_runs_and_saves_its_figure(tmp_path):
     out = tmp_path / "demo.png"
     result = subprocess.run(

@@ -140,7 +140,8 @@ def one_pass_adam(
 
     ``fit`` with a :class:`~pyro_bbb.DeltaGuide` (the MAP weights: the prior as weight
     decay), ``epochs=1``, minibatches of ``batch_size`` in the stream's order, and ``fit``'s
-    other defaults (Adam, lr 0.01).
+    other defaults (Adam at ``fit``'s own rates, a rate per layer from its weights' size,
+    :mod:`~pyro_bbb.training.rates`).
 
     Returns:
         The guide and the CPU seconds.

@@ -324,6 +324,13 @@ def _standard_normal(shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor
     return torch.empty(shape, dtype=like.dtype, device=like.device).normal_()
 
 
+def _constant(value: float | torch.Tensor) -> bool:
+    """A prior's number the block takes: a float, or a 0-d tensor that needs no gradient."""
+    if isinstance(value, float):
+        return True
+    return isinstance(value, torch.Tensor) and value.dim() == 0 and not value.requires_grad
+
+
 def _is_normal(fn: object) -> bool:
     while isinstance(fn, torch.distributions.Independent):
         fn = fn.base_dist
@@ -375,11 +382,15 @@ class _MeanFieldDraws(_Draws):
     def _layout(self, sample: tuple[int, ...]) -> SiteLayout | None:
         """The sites' layout when one :class:`MeanFieldBlock` draws them all, else ``None``.
 
-        That is the common case: one draw (no particle or member dims), weight sampling,
-        and a closed-form KL to a prior of one number per site. Kept while the layers hand
-        out the same priors (or priors with the same numbers).
+        That is the common case, on any device: a single guide (no member dims; one draw
+        or a step's particles), weight sampling, and a closed-form KL to a prior of one
+        number per site, a Python float (read from a CPU tensor) or a 0-d tensor on the
+        weights' device that needs no gradient (a learnable prior scale takes the
+        site-by-site path, whose autograd reaches it). Kept while the layers hand out the
+        same priors (or, numbers read on the CPU, priors with the same numbers), so nothing
+        is read back from a GPU to decide it.
         """
-        if sample or self.splits is not None or not self._elbo.analytic_kl:
+        if self.splits is not None or not self._elbo.analytic_kl:
             return None
         if self._one_draw is None:  # no member dims: the guide's parameters are the sites'
             self._one_draw = all(
@@ -393,11 +404,12 @@ class _MeanFieldDraws(_Draws):
         if cached is not None and all(a is b for a, b in zip(cached[0], priors, strict=True)):
             return cached[2]
         pairs = [scalar_normal_parameters(prior) for prior in priors]
-        if cached is not None and pairs == cached[1]:
+        numbers = all(p is not None and all(type(v) is float for v in p) for p in pairs)
+        if numbers and cached is not None and pairs == cached[1]:
             self._block = (priors, pairs, cached[2])
             return cached[2]
         layout = None
-        if all(p is not None and all(type(v) is float for v in p) for p in pairs):
+        if numbers or all(p is not None and all(map(_constant, p)) for p in pairs):
             layout = SiteLayout(
                 [site.shape for site in self._sites],
                 [m for m, _ in pairs],
@@ -407,11 +419,15 @@ class _MeanFieldDraws(_Draws):
         self._block = (priors, pairs, layout)
         return layout
 
-    def _block_draw(self, layout: SiteLayout) -> _Draw:
+    def uses_block(self, sample: tuple[int, ...] = ()) -> bool:
+        """Whether a draw of ``sample`` draws every site in one :class:`MeanFieldBlock`."""
+        return self._layout(sample) is not None
+
+    def _block_draw(self, layout: SiteLayout, sample: tuple[int, ...]) -> _Draw:
         """Every site in one pass (:class:`~pyro_bbb.infer._mean_field_block.MeanFieldBlock`)."""
         locs = [loc_ref.module_value() for loc_ref, _ in self._refs]
         rhos = [rho_ref.module_value() for _, rho_ref in self._refs]
-        total, kl, *values = MeanFieldBlock.apply(layout, *locs, *rhos)
+        total, kl, *values = MeanFieldBlock.apply(layout, sample, *locs, *rhos)
         names = [site.name for site in self._sites]
         return _Draw(
             dict(zip(names, values, strict=True)),
@@ -424,7 +440,7 @@ class _MeanFieldDraws(_Draws):
     def draw(self, sample: tuple[int, ...]) -> _Draw:
         layout = self._layout(sample)
         if layout is not None:
-            return self._block_draw(layout)
+            return self._block_draw(layout, sample)
         parts = []
         for site, (loc_ref, rho_ref) in zip(self._sites, self._refs, strict=True):
             loc = loc_ref.module_value()

@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from .._devices import cuda_devices, device_of
+from .._fitted import replacing_values
 from .._plates import model_in_plates
 from ..nn import initial_values
 from .files import MODEL, read_file, write_atomic
@@ -86,7 +87,8 @@ def load(path: PathLike, model: Any, guide: Any) -> None:
     _check_sites(payload["sites"], _layer_sites(model), where, complete=False)
     args, kwargs = _rebuild_inputs(payload["inputs"], device_of(model, guide))
     try:
-        named = trace_params(model, guide, args, kwargs)
+        with replacing_values():  # the file's values replace what the set-up takes
+            named = trace_params(model, guide, args, kwargs)
     except (RuntimeError, ValueError) as error:
         first_line = str(error).strip().splitlines()[0] if str(error).strip() else ""
         raise ValueError(

@@ -11,9 +11,10 @@ import torch
 
 from .._validation import check_int, check_positive_number
 from .optimizers import OptimizerSpec
+from .rates import check_rate_choice
 from .run_length import check_automatic
 
-__all__ = ["check_options", "rate_is_fits", "rows_of"]
+__all__ = ["check_options", "rows_of"]
 
 
 def check_options(
@@ -23,8 +24,12 @@ def check_options(
     lr: float | None,
     max_steps: int | None,
     until: str | None,
+    optimizer: OptimizerSpec | None = None,
 ) -> str:
     """Check ``fit``'s counts, rate and run length; return the automatic run's rule.
+
+    ``lr=None`` with an optimiser class whose step the rate does not bound (``SGD``) is
+    refused (:func:`~.rates.check_rate_choice`).
 
     Returns:
         ``until``, ``None`` read as ``"predictive"`` (:func:`~.run_length.check_automatic`).
@@ -34,16 +39,8 @@ def check_options(
     check_int("num_particles", num_particles, optional=True)
     if lr is not None:
         check_positive_number("lr", lr)
+    check_rate_choice(lr, optimizer)
     return check_automatic(epochs, max_steps, until)
-
-
-def rate_is_fits(lr: float | None, optimizer: OptimizerSpec | None) -> bool:
-    """Whether ``fit`` chose the rate: no ``lr``, and no optimiser built by the user's function.
-
-    An optimiser class is built with ``fit``'s rate; a function sets its own, followed as
-    given (an automatic run halves only a rate of ``fit``'s).
-    """
-    return lr is None and (optimizer is None or isinstance(optimizer, type))
 
 
 def rows_of(x: object) -> int:

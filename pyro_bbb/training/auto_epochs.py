@@ -448,6 +448,8 @@ class AutoEpochs:
         (a resumed run passes that part).
         """
         start = len(history)
+        if stage == "decay" and not self._room(start):
+            stage = "end"  # max_steps is a hard budget: no room for an epoch over every row
         state = replace(state, starts={**state.starts, stage: start})
         if stage == "warmup":
             ramp = max(self.min_stage, round(RAMP_SHARE * (start - state.starts["fit"])))
@@ -463,13 +465,16 @@ class AutoEpochs:
         if tried:  # the halved phase that did not pay is the start of the low-rate tail
             planned = self.rule.decay_plan(history, state.starts["train"], start - tried)[0]
             length = max(1, planned - tried)
-        steps_left = (self.max_epochs - start) * self.steps_per_epoch
-        end = start + max(1, min(length, steps_left // self.steps_given_back))
+        end = start + min(max(1, length), self._room(start))
         decay = None
         if self.decay:  # from the halved rate to the same floor of lr
             floor = min(1.0, floor * 2 ** len(state.halvings))
             decay = InverseTimeDecay(end, start=start / end, floor=floor)
         return replace(state, end=end, decay=decay)
+
+    def _room(self, start: int) -> int:
+        """The epochs over every row the budget has room for after ``start`` epochs."""
+        return (self.max_epochs - start) * self.steps_per_epoch // self.steps_given_back
 
     def _forced(self, state: RunState, history: History, stage: str) -> str | None:
         """The run's forced stage, ``stage`` where the budget, not the rule, ended it."""
@@ -526,10 +531,12 @@ class AutoEpochs:
             end = state.starts.get(STAGE_TABLE[stage].then, len(history))
             moving = self.rule.judge(history, stage, start, end, self.scored).found
             steps = self.max_epochs * self.steps_per_epoch
+            kept = self.gives_back and "decay" not in state.starts
             return (
                 f"the budget of {self.max_epochs:,} epochs ({steps:,} steps) ended "
                 f"{STAGE_TABLE[stage].called} before its test passed: {moving}; pass "
                 f"max_steps={2 * steps:,} to give it more"
+                + ("; the held-out rows were not given back" if kept else "")
             )
         if train is None or after is None:
             return f"stopped during the {state.stage(len(history) - 1)!r} stage"
@@ -545,6 +552,9 @@ class AutoEpochs:
         if best is not None:
             ended += f"; the stage's best average (epoch {best:,}) kept"
         last = len(history) - after
+        if not last and self._successor("train") == "decay":
+            what = "the held-out rows were not given back" if self.gives_back else "no decay"
+            return f"ended when {ended}; the budget left no room for an epoch more ({what})"
         if not last:
             return f"ended when {ended}"
         rows = "on every row, the held-out ones given back" if self.gives_back else "on every row"

@@ -27,6 +27,8 @@ every process reads it to resume. Nothing here trains.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import hashlib
 import math
 import os
@@ -38,12 +40,14 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
+from .._fitted import replacing_values
 from .._validation import check_int
 from ..io.files import CHECKPOINT, read_file, write_atomic
 from ..io.serialization import capture, match
 from .distributed import DataParallel
 from .history import History
 from .lr_schedules import LRSchedule
+from .rates import rate_is_fits
 
 __all__ = [
     "Checkpointing",
@@ -51,6 +55,7 @@ __all__ = [
     "fit_options",
     "get_rng_state",
     "pair_fingerprint",
+    "schedule_record",
     "set_rng_state",
 ]
 
@@ -66,16 +71,23 @@ def fit_options(
     until: str = "predictive",
     validation: float = 0.0,
     pair: tuple[torch.Tensor, torch.Tensor] | None = None,
+    lr: float | None = None,
+    optimizer: object = None,
+    lr_schedule: object = None,
+    max_steps: int | None = None,
 ) -> dict[str, Any]:
     """The options of :func:`~pyro_bbb.fit` that a resume must repeat to be bit-identical.
 
     Each changes the steps taken: the minibatches (``batch_size``, ``shuffle``), the Monte
-    Carlo draws (``num_particles``), the gradient estimator (``reparam``) or who decides the
+    Carlo draws (``num_particles``), the gradient estimator (``reparam``), the rates
+    (``lr`` as given, ``own_rate``, whether ``fit`` chose them, a rate per tensor that an
+    automatic run halves, and ``lr_schedule``, :func:`schedule_record`) or who decides the
     run's length (``automatic``, the rule of a run of ``epochs=None``, whose stages a fixed
-    run cannot follow, ``validation``, the share of rows it holds out, and
-    ``validation_pair``, the :func:`pair_fingerprint` of a ``validation=(x_val, y_val)``
-    pair, whose scores end its stages). For a ``DataLoader`` the batch size is the
-    loader's, and its order is its own (``shuffle`` is ``None``).
+    run cannot follow, ``max_steps``, its budget, which caps the stages and the decay,
+    ``validation``, the share of rows it holds out, and ``validation_pair``, the
+    :func:`pair_fingerprint` of a ``validation=(x_val, y_val)`` pair, whose scores end its
+    stages). For a ``DataLoader`` the batch size is the loader's, and its order is its own
+    (``shuffle`` is ``None``).
 
     Args:
         x: ``fit``'s features or ``DataLoader``.
@@ -87,6 +99,12 @@ def fit_options(
         until: An automatic run's rule.
         validation: The share of rows an automatic run holds out.
         pair: ``fit``'s ``validation`` when it is a pair ``(x_val, y_val)``, else ``None``.
+        lr: ``fit``'s ``lr``, as given.
+        optimizer: ``fit``'s ``optimizer``: with ``lr``, whether ``fit`` chose the rates
+            (``own_rate``: no ``lr`` and no optimiser function,
+            :func:`~pyro_bbb.training.rates.rate_is_fits`).
+        lr_schedule: ``fit``'s ``lr_schedule``.
+        max_steps: ``fit``'s ``max_steps``.
 
     Returns:
         ``{option: value}``, stored in every checkpoint and compared on resuming.
@@ -98,12 +116,41 @@ def fit_options(
         "shuffle": shuffle,
         "num_particles": num_particles,
         "reparam": reparam,
+        "lr": lr,
+        "own_rate": rate_is_fits(lr, optimizer),
+        "lr_schedule": schedule_record(lr_schedule),
     }
     if epochs is None:  # a fixed run's checkpoint is as it was before automatic runs
         options["automatic"] = until
+        options["max_steps"] = max_steps
         options["validation"] = validation
         options["validation_pair"] = None if pair is None else pair_fingerprint(pair)
     return options
+
+
+def schedule_record(spec: object) -> str | float | None:
+    """What a checkpoint records of an ``lr_schedule``: the same text for the same schedule.
+
+    ``None``; a number; a schedule whose ``repr`` names its settings (this package's
+    decays, a ``functools.partial`` of a torch scheduler with its options); else the
+    qualified name of the class or function (a ``repr`` with an address would differ
+    between processes).
+    """
+    if spec is None or (isinstance(spec, (int, float)) and not isinstance(spec, bool)):
+        return spec
+    if isinstance(spec, functools.partial):
+        settings = [repr(a) for a in spec.args]
+        settings += [f"{k}={v!r}" for k, v in sorted(spec.keywords.items())]
+        return f"partial({schedule_record(spec.func)}, {', '.join(settings)})"
+    text = repr(spec)
+    if " at 0x" not in text and not text.startswith("<"):
+        return text
+    named = (
+        spec
+        if isinstance(spec, type) or (callable(spec) and hasattr(spec, "__qualname__"))
+        else type(spec)
+    )
+    return f"{getattr(named, '__module__', '')}.{named.__qualname__}"
 
 
 def pair_fingerprint(pair: tuple[torch.Tensor, torch.Tensor]) -> str:
@@ -136,6 +183,8 @@ class FitState:
         lr_schedule: The learning-rate schedule (a torch scheduler's state is saved).
         average: What an automatic run's scores read, the recent iterates' average
             (:class:`~pyro_bbb.training.scoring.IterateAverage`), or ``None``.
+        run: The run's length (:mod:`~pyro_bbb.training.run_length`), whose halvings so
+            far a checkpoint records.
     """
 
     model: Any
@@ -148,6 +197,7 @@ class FitState:
     inputs: tuple
     lr_schedule: LRSchedule | None = None
     average: Any = None
+    run: Any = None
 
     def trainable_names(self) -> list[str]:
         """The names of the optimiser's parameters, in its order."""
@@ -225,6 +275,18 @@ class Checkpointing:
             if name == "validation_pair":
                 self._check_pair(value)
                 continue
+            if name == "own_rate" and self.options.get(name, value) != value:
+                chose, other = ("chose its rates (lr=None)", "an optimizer function's own rate")
+                raise ValueError(
+                    f"{self._where} was written by a fit that "
+                    + (
+                        f"{chose}; this one follows {other}"
+                        if value
+                        else f"followed {other}; this one {chose}"
+                    )
+                    + ": the resumed fit would halve its rate where the uninterrupted one "
+                    "did not, or the other way round. Resume with the same optimizer="
+                )
             if name in self.options and self.options[name] != value:
                 raise ValueError(
                     f"{self._where} was written by a fit with {name}={value!r}; this one has "
@@ -270,6 +332,64 @@ class Checkpointing:
             f"{given}. {advice}: scored on other rows, the resumed run's stages would end "
             "where the uninterrupted run's would not"
         )
+
+    @property
+    def legacy(self) -> bool:
+        """Whether the checkpoint resumed was written before a checkpoint recorded its rates.
+
+        Such a checkpoint (of the release whose default rate was 0.01 for every tensor)
+        resumes as that release would have: one rate, its optimiser's, halved only where its
+        History shows it was (:meth:`halves`).
+        """
+        return self.resumed is not None and "own_rate" not in self.resumed.get("options", {})
+
+    @property
+    def own_rates(self) -> bool:
+        """Whether this fit gives each tensor a rate of ``fit``'s (``lr`` not given).
+
+        Not when it resumes a :attr:`legacy` checkpoint, whose optimiser has one rate.
+        """
+        return bool(self.options.get("own_rate")) and not self.legacy
+
+    @property
+    def halves(self) -> bool:
+        """Whether an automatic run halves its rate where it stops paying.
+
+        Where ``fit`` chose the rate (``own_rate``, recorded and compared in the
+        checkpoint); a :attr:`legacy` checkpoint halves where its History shows a halving
+        already (written by a version that halved), never otherwise.
+        """
+        if not self.legacy:
+            return bool(self.options.get("own_rate"))
+        history = self.resumed["history"]
+        stages, rates = history.get("stage", []), history.get("lr", [])
+        return any(
+            stages[e] == stages[e - 1] == "train" and rates[e] < 0.75 * rates[e - 1]
+            for e in range(1, min(len(stages), len(rates)))
+        )
+
+    def check_halvings(self, halvings: list[int]) -> None:
+        """Refuse a resumed run whose halvings so far are not the ones the checkpoint recorded.
+
+        Raises:
+            ValueError: Naming both lists.
+        """
+        recorded = None if self.resumed is None else self.resumed.get("halvings")
+        if recorded is not None and list(recorded) != list(halvings):
+            raise ValueError(
+                f"{self._where} recorded the rate halved after epochs {list(recorded)}; "
+                f"this fit reads {list(halvings)} from its History: resume with the options "
+                "the checkpoint was written with"
+            )
+
+    def setting_up(self) -> contextlib.AbstractContextManager:
+        """The section in which a fit sets up its model and guide.
+
+        When resuming, the values a guide or model takes from Pyro's param store there are
+        replaced by the checkpoint's, so taking them warns of nothing
+        (:func:`~pyro_bbb._fitted.replacing_values`).
+        """
+        return contextlib.nullcontext() if self.resumed is None else replacing_values()
 
     def order_seed(self, seed: int | None) -> int | None:
         """The seed of the minibatch order: the checkpoint's when resuming, else ``seed``."""
@@ -347,6 +467,7 @@ class Checkpointing:
             "order_seed": state.order_seed,
             "world_size": world_size,
             "options": self.options,
+            "halvings": list(getattr(state.run, "halvings", ())),
             "rng": rng,
         }
         write_atomic(self.path, CHECKPOINT, payload)

@@ -26,9 +26,8 @@ from torch.utils.data import DataLoader
 
 from .._heap import kept_heap
 from ..infer.collapse import CollapseMonitor
-from ..infer.reparam import estimator
 from ..infer.schedules import ScheduleLike
-from .arguments import check_options, rate_is_fits, rows_of
+from .arguments import check_options, rows_of
 from .callbacks import Callback
 from .captured import static_steps
 from .checkpoint import Checkpointing, FitState, fit_options
@@ -40,10 +39,10 @@ from .history import History
 from .lr_schedules import LRSchedule, LRScheduleLike
 from .minibatches import Batches, make_batches
 from .objective import build_objective
-from .optimizers import OptimizerSpec, make_optimizer
+from .optimizers import OptimizerSpec
 from .placement import place
 from .progress import Progress, show_progress
-from .rates import default_lr
+from .rates import fit_optimizer
 from .run_length import RunLength, run_length
 from .scoring import SAMPLE_ROWS, SampleFit, Scores, held_out_score, score_every
 from .steps import Steps
@@ -157,13 +156,14 @@ def fit(
             fifty epochs; the table in ``docs/concepts.md`` has what it cost and bought.
         batch_size: Minibatch size ``B`` per process; ``None`` for the full batch (the
             process's whole share of the data).
-        lr: Learning rate of the default Adam optimiser (or of an ``optimizer`` class),
-            followed as given. ``None`` (the default) lets ``fit`` choose it: a sixteenth of
-            the root mean square of the network's largest weight tensor, at most 0.01
-            (:func:`~pyro_bbb.training.rates.default_lr`; Adam moves every weight by about
-            the rate a step), and an automatic run halves it, from its best average, where
-            its full-rate stage stops paying and while halving pays
-            (:mod:`~pyro_bbb.training.auto_epochs`).
+        lr: Learning rate of the default Adam optimiser (or of an ``optimizer`` class), one
+            for every parameter, followed as given. ``None`` (the default) lets ``fit`` give
+            each tensor its own (:mod:`~pyro_bbb.training.rates`; Adam moves every weight by
+            about the rate a step): a layer's means and ρ a sixteenth of its weights' root
+            mean square, at most 0.01, a learned noise 0.01; an automatic run halves them
+            together, from its best average, where its full-rate stage stops paying and
+            while halving pays (:mod:`~pyro_bbb.training.auto_epochs`). Only for optimisers
+            whose step the rate bounds (Adam's kin, RMSprop, Adagrad): SGD needs ``lr``.
         optimizer: A ``torch.optim.Optimizer`` class (built with ``lr``) or a function from the
             parameter list to an optimiser. Defaults to ``torch.optim.Adam`` with its fused
             implementation (same algorithm, one kernel over all tensors) where the
@@ -225,10 +225,12 @@ def fit(
         resume: A checkpoint to continue from: parameters, optimiser (including its learning
             rate and a torch scheduler's state), History, β's position and random states
             come from it. ``model`` and ``guide`` are built as for the interrupted fit; the
-            guide need not be set up. ``batch_size``, ``shuffle``, ``num_particles`` and
-            ``reparam`` must be the interrupted fit's, and ``epochs`` ``None`` again for an
-            automatic run, with its ``until`` and ``validation`` (a pair of the same rows:
-            the checkpoint records its fingerprint).
+            guide need not be set up. ``batch_size``, ``shuffle``, ``num_particles``,
+            ``reparam``, ``lr``, ``lr_schedule`` and the kind of ``optimizer`` must be the
+            interrupted fit's, and ``epochs`` ``None`` again for an automatic run, with its
+            ``until``, ``max_steps`` and ``validation`` (a pair of the same rows: the
+            checkpoint records its fingerprint). A checkpoint of the release before, which
+            recorded no rate, resumes at its optimiser's rate, never halved.
         cuda_graph: Run the fused step as one captured CUDA graph, replayed every step (the
             batch copied into static buffers, β and the learning rate device tensors
             written in place; the smaller last minibatch of an epoch runs eagerly).
@@ -248,7 +250,8 @@ def fit(
         max_steps: The budget of an automatic run (``epochs=None``), in optimiser steps
             (in whole epochs, at least one); ``None`` for the larger of 50,000 steps and 100
             epochs, so that a large data set gets as many passes as a small one gets steps.
-            The stages' least lengths shrink to fit a small budget; a run the budget ends
+            A hard budget: the stages' least lengths shrink to fit it, and held-out rows are
+            given back only where an epoch over every row still fits. A run the budget ends
             says so once (``ConvergenceWarning``), naming what was still moving and the
             ``max_steps`` to pass.
         until: When an automatic run (``epochs=None``) is done: ``"predictive"`` (the
@@ -289,12 +292,13 @@ def fit(
             ``DataLoader``'s rows, or any ``validation`` for a model whose predictive cannot
             be scored); a
             ``resume`` file that is not a checkpoint, is from another model, was written with
-            another ``batch_size``, ``shuffle``, ``num_particles`` or ``reparam`` (the error
-            names both values), by a fixed run resumed with ``epochs=None`` or the other way
+            another ``batch_size``, ``shuffle``, ``num_particles``, ``reparam``, ``lr``,
+            ``lr_schedule``, ``max_steps`` or kind of optimiser (the error names both
+            values), by a fixed run resumed with ``epochs=None`` or the other way
             round, with another ``until`` or ``validation`` pair (or with one where it had
             none, or none where it had one), or has done more than ``epochs`` epochs;
             ``cuda_graph=True`` on a fit whose step cannot be captured (the message says
-            why).
+            why); ``lr=None`` with an optimiser class whose step the rate does not bound.
         FileNotFoundError: If ``resume`` names no file.
         TypeError: If ``cuda_graph`` is not a bool or ``None``.
         FloatingPointError: When the loss becomes NaN or inf, at the end of that epoch (the
@@ -302,12 +306,13 @@ def fit(
             was not finite and the sites whose terms were not finite there.
     """
     # set-up: the options, the rows, the run's length, the objective, where the fit starts
-    until = check_options(epochs, batch_size, num_particles, lr, max_steps, until)
+    until = check_options(epochs, batch_size, num_particles, lr, max_steps, until, optimizer)
     held = resolve_validation(validation, model, x, epochs, until)  # read here alone
     parallel = data_parallel()  # a world of one unless torch.distributed is initialised
     options = fit_options(
         x, batch_size=batch_size, shuffle=shuffle, num_particles=num_particles, reparam=reparam,
-        epochs=epochs, until=until, validation=held.fraction, pair=held.pair,
+        epochs=epochs, until=until, validation=held.fraction, pair=held.pair, lr=lr,
+        optimizer=optimizer, lr_schedule=lr_schedule, max_steps=max_steps,
     )  # fmt: skip
     saving = Checkpointing(
         checkpoint, checkpoint_every, resume, epochs=epochs, world_size=parallel.world_size,
@@ -323,13 +328,13 @@ def fit(
     length, schedule, lr_schedule = run_length(
         epochs, max_steps, len(batches), beta, lr_schedule,
         until=until, scored=held_out is not None, every=score_every(len(batches)),
-        gives_back=rows is not None, halves=rate_is_fits(lr, optimizer),
+        gives_back=rows is not None, halves=saving.halves,
         steps_given_back=len(batches.every_row) if batches.every_row is not None else None,
     )  # fmt: skip
-    handler = estimator(reparam)
-    objective = build_objective(model, guide, schedule, num_particles, reparam, handler, batches)
+    with saving.setting_up():  # a resumed fit's values come from its checkpoint
+        objective = build_objective(model, guide, schedule, num_particles, reparam, batches)
     elbo, first, params = objective.elbo, objective.first, objective.params
-    optim = make_optimizer(optimizer, params, default_lr(model) if lr is None else lr)
+    optim = fit_optimizer(optimizer, lr, saving.own_rates, model, guide, objective)
     rates = LRSchedule(lr_schedule, optim)
     parallel.broadcast_(params)  # every process starts from rank 0's parameters
     history = History(
@@ -340,10 +345,9 @@ def fit(
     scores = Scores(params, _sample_fit(batches, epochs, order_seed), held_out)
     state = FitState(
         model, guide, objective.named, params, optim, history, batches.seed, first, rates,
-        scores.average,
+        scores.average, run=length,
     )  # fmt: skip
-    _resume_or_seed(state, saving, parallel, seed)
-    length.restore(history)
+    _resume_or_seed(state, saving, parallel, seed, length)
     monitor = CollapseMonitor(model, guide, *first)
 
     # the epochs
@@ -355,7 +359,7 @@ def fit(
         cuda_graph, objective.fused, optim, rates, params, callbacks, parallel, data_device
     )  # after the resume: the optimiser's rates become tensors there
     steps = Steps(
-        model, guide, elbo, handler, optim, params, parallel, callbacks, rates,
+        model, guide, elbo, objective.handler, optim, params, parallel, callbacks, rates,
         step=history.steps[-1] if history.steps else 0, fused=objective.fused, runner=runner,
     )  # fmt: skip
     every_row, stop = batches.every_row or batches, False
@@ -414,14 +418,21 @@ def _scored(
 
 
 def _resume_or_seed(
-    state: FitState, saving: Checkpointing, parallel: DataParallel, seed: int | None
+    state: FitState,
+    saving: Checkpointing,
+    parallel: DataParallel,
+    seed: int | None,
+    length: RunLength,
 ) -> None:
     """Continue a checkpoint (parameters, optimiser, History, random states), or seed the noise.
 
-    A fresh fit seeds each process's Monte Carlo noise with ``seed + rank`` after the shared
+    A resumed run's stages and halvings follow its History (checked against the record). A
+    fresh fit seeds each process's Monte Carlo noise with ``seed + rank`` after the shared
     initialisation.
     """
     if saving.resumed is not None:
         saving.restore(state, parallel.rank)
     else:
         parallel.seed_noise(seed)
+    length.restore(state.history)
+    saving.check_halvings(getattr(length, "halvings", []))

@@ -19,8 +19,9 @@ import torch
 from .._devices import cuda_devices
 from ..infer.elbo import AnnealedELBO, ELBOTerms
 from ..infer.fused import FusedELBO, fused_elbo
-from ..infer.guides._params import mark_fitted
-from ..infer.reparam import warn_slower_paths
+from ..infer.guides._base import SiteGuide
+from ..infer.guides._params import claim_fitted
+from ..infer.reparam import estimator, warn_slower_paths
 from ..nn.draws import describe_draws, settle_draws
 from .minibatches import Batches, check_likelihood_scale
 from .particles import default_num_particles, draw_size
@@ -42,6 +43,8 @@ class Objective(NamedTuple):
     draws: str
     #: The fused evaluation of the steps, or ``None`` to trace model and guide.
     fused: FusedELBO | None
+    #: The estimator's handler a traced step runs under (:func:`~pyro_bbb.infer.reparam.estimator`).
+    handler: Callable[[], AbstractContextManager]
 
 
 def build_objective(
@@ -50,7 +53,6 @@ def build_objective(
     schedule: Callable[[float], float],
     num_particles: int | None,
     reparam: str | None,
-    handler: Callable[[], AbstractContextManager],
     batches: Batches,
 ) -> Objective:
     """The ELBO on ``batches``, the parameters its first evaluation creates, the draws' path.
@@ -58,17 +60,21 @@ def build_objective(
     The number of particles ``None`` asks for is known once the guide is set up (what it
     draws); the fused step is taken where it covers that evaluation.
     """
+    handler = estimator(reparam)
     elbo = AnnealedELBO(schedule(0.0), num_particles=num_particles or 1)
     first = next(iter(batches()))
     check_likelihood_scale(model, first, batches.num_data)
     named, params, first_terms = _parameters(model, guide, elbo, handler, first)
-    mark_fitted(params)  # a guide built later that would take them says so
+    # a guide or model built later that would take them says so, and so does this fit
+    # where it trains what an earlier fit trained for another model or autoguide
+    ours = isinstance(getattr(guide, "members", guide), SiteGuide)  # checked at set-up
+    claim_fitted({n: t for n, t in named.items() if t.requires_grad}, model, guide, set_up=ours)
     if num_particles is None:  # its set-up is kept
         drawn = draw_size(guide, *first)
         elbo.set_num_particles(default_num_particles(drawn, len(first[0])))
     draws = _settle_draws(model, guide, elbo, reparam, first)
     fused = _fused(model, guide, elbo, reparam, first_terms, params)
-    return Objective(elbo, first, named, params, draws, fused)
+    return Objective(elbo, first, named, params, draws, fused, handler)
 
 
 def _parameters(

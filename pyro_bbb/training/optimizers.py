@@ -11,6 +11,7 @@ forget its running statistics (an automatic run does where β reaches 1), in pla
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -23,7 +24,11 @@ _FUSED_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
 def make_optimizer(
-    spec: OptimizerSpec | None, params: list[torch.Tensor], lr: float
+    spec: OptimizerSpec | None,
+    params: list[torch.Tensor],
+    lr: float,
+    *,
+    groups: list[dict[str, Any]] | None = None,
 ) -> torch.optim.Optimizer:
     """Build the optimiser over ``params``.
 
@@ -34,6 +39,10 @@ def make_optimizer(
             parameter list to an optimiser.
         params: The parameters to optimise, in the optimiser's order.
         lr: The learning rate of the default or of an optimiser class (unused by a function).
+        groups: ``params`` in parameter groups with a rate each (``[{"params": [...],
+            "lr": rate}]``, :func:`~pyro_bbb.training.rates.rate_groups`), given to the
+            default or to an optimiser class in their place; a function is given
+            ``params``.
 
     Returns:
         The optimiser.
@@ -48,9 +57,9 @@ def make_optimizer(
             all(p.dtype in _FUSED_DTYPES and p.device.type in ("cpu", "cuda") for p in params)
             and len({p.device for p in params}) == 1
         )
-        return torch.optim.Adam(params, lr=lr, fused=fused or None)
+        return torch.optim.Adam(groups or params, lr=lr, fused=fused or None)
     if isinstance(spec, type) and issubclass(spec, torch.optim.Optimizer):
-        return spec(params, lr=lr)
+        return spec(groups or params, lr=lr)
     if callable(spec):
         optim = spec(params)
         if not isinstance(optim, torch.optim.Optimizer):

@@ -8,7 +8,12 @@ over a leading particle dim, extra samples cost only their arithmetic: on a smal
 and minibatch that is little beside the fixed cost of launching a step's operations, on a
 large one each sample costs nearly a whole step. Hence the default: as many samples as
 keep a step's arithmetic, counted as drawn weights times minibatch rows, within
-:data:`STEP_BUDGET`, at most :data:`MAX_PARTICLES`.
+:data:`STEP_BUDGET`, at most :data:`MAX_PARTICLES`. A mean-field guide's fused step draws
+them in the same single autograd node as one sample
+(:class:`~pyro_bbb.infer._mean_field_block.MeanFieldBlock`), so taking several does not
+shut a small problem out of it: at the default particles that node made a step 6-16 %
+cheaper than the site-by-site draw (8 samples of a linear regression on 150 rows, 2 of a
+1-50-50-1 MLP on 40, 8 of a 13-50-1 MLP on minibatches of 32).
 """
 
 from __future__ import annotations

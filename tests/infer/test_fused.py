@@ -423,3 +423,67 @@ def test_the_steps_do_not_validate_a_bad_argument_mid_training_stops_as_a_nan():
     with pyro.validation_enabled(True), pytest.raises(FloatingPointError, match=r"epoch 1.*'obs'"):
         fit(model, MeanFieldGuide(model), x, y, epochs=3, batch_size=B, callbacks=[Negate()],
             progress=False)  # fmt: skip
+
+
+def _autograd_nodes(tensor: torch.Tensor) -> set[str]:
+    """The names of the autograd nodes ``tensor`` was computed through."""
+    seen, stack, names = set(), [tensor.grad_fn], set()
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        names.add(type(node).__name__)
+        stack += [child for child, _ in node.next_functions]
+    return names
+
+
+def _mean_field_step(device: str, particles: int, prior=None) -> set[str]:
+    """The autograd nodes of one fused mean-field step set up on ``device``."""
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(B, 3, generator=g).to(device), torch.randn(B, generator=g).to(device)
+    net = mlp([3, 8, 1]) if prior is None else mlp([3, 8, 1], prior=prior)
+    model = BNN(net, likelihoods.Gaussian(), N).to(device)
+    guide = MeanFieldGuide(model)
+    with pyro.validation_enabled(False):  # a meta tensor has no values to check
+        guide(x, y)
+        fused = fused_elbo(model, guide, AnnealedELBO(1.0, num_particles=particles), None)
+        terms = fused.terms(x, y)
+    assert terms.loss.device.type == device
+    return _autograd_nodes(terms.loss)
+
+
+@pytest.mark.parametrize("particles", [1, 3])
+@pytest.mark.parametrize("device", ["cpu", "meta"])
+def test_a_mean_field_step_draws_every_site_in_one_node_on_any_device(device, particles):
+    # on the meta device, as on a GPU, the prior's numbers are 0-d tensors on the device,
+    # never read back: the one-node draw takes them there; and it takes a step's particles
+    nodes = _mean_field_step(device, particles)
+    assert "MeanFieldBlockBackward" in nodes
+    assert "AddcmulBackward0" not in nodes  # no site drawn by autograd beside it
+
+
+def test_a_learnable_prior_scale_takes_the_site_by_site_path():
+    # the block gives no gradient to a prior's numbers: a prior whose scale is learned is
+    # drawn site by site, where autograd reaches it
+    scale = torch.tensor(0.7, requires_grad=True)
+
+    class Learned(Gaussian):
+        cacheable = False
+
+        def site_distribution(self, shape, *, fan_in, device, dtype):
+            return (
+                dist.Normal(torch.zeros((), device=device), scale)
+                .expand(shape)
+                .to_event(len(shape))
+            )
+
+    nodes = _mean_field_step("cpu", 1, prior=Learned())
+    assert "MeanFieldBlockBackward" not in nodes
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("particles", [1, 3])
+def test_a_mean_field_step_on_cuda_draws_every_site_in_one_node(particles):
+    assert "MeanFieldBlockBackward" in _mean_field_step("cuda", particles)

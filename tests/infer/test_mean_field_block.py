@@ -20,30 +20,43 @@ def _sites(dtype=torch.float64):
     return locs, rhos
 
 
-def _by_autograd(layout, locs, rhos):
+def _by_autograd(layout, locs, rhos, sample=()):
     """The terms as the site-by-site path computes them: w = μ + σε, the closed-form KL."""
     values, kls = [], []
     for loc, rho, m, s in zip(locs, rhos, layout.prior_locs, layout.prior_scales, strict=True):
         scale = F.softplus(rho) + layout.min_scale
-        values.append(torch.addcmul(loc, torch.empty_like(loc).normal_(), scale))
+        eps = torch.empty((*sample, *loc.shape), dtype=loc.dtype).normal_()
+        values.append(torch.addcmul(loc, eps, scale))
         q = torch.distributions.Normal(loc, scale)
         p = torch.distributions.Normal(torch.full_like(loc, m), torch.full_like(loc, s))
         kls.append(torch.distributions.kl_divergence(q, p).sum())
     return torch.stack(kls), values
 
 
+def _tensors(numbers):
+    """The prior's numbers as 0-d tensors, as they come from a prior on a GPU."""
+    return [torch.tensor(v, dtype=torch.float64) for v in numbers]
+
+
+@pytest.mark.parametrize("sample", [(), (3, 1)], ids=["one draw", "three particles"])
+@pytest.mark.parametrize("numbers", [float, _tensors], ids=["floats", "0-d tensors"])
 @pytest.mark.parametrize(
     ("prior_locs", "prior_scales"),
     [([0.0] * 4, [1.0] * 4), ([0.1, 0.0, -0.3, 0.2], [0.5, 1.0, 2.0, 0.1])],
     ids=["one N(0, 1)", "a prior per site"],
 )
-def test_draws_kl_and_every_gradient_equal_autograds(prior_locs, prior_scales):
-    layout = SiteLayout(SHAPES, prior_locs, prior_scales, 1e-6)
+def test_draws_kl_and_every_gradient_equal_autograds(prior_locs, prior_scales, numbers, sample):
+    if numbers is float:
+        layout = SiteLayout(SHAPES, prior_locs, prior_scales, 1e-6)
+    else:
+        layout = SiteLayout(SHAPES, _tensors(prior_locs), _tensors(prior_scales), 1e-6)
     locs, rhos = _sites()
     torch.manual_seed(3)
-    total, kl, *values = MeanFieldBlock.apply(layout, *locs, *rhos)
+    total, kl, *values = MeanFieldBlock.apply(layout, sample, *locs, *rhos)
     torch.manual_seed(3)
-    expected_kl, expected_values = _by_autograd(layout, locs, rhos)
+    expected_kl, expected_values = _by_autograd(
+        SiteLayout(SHAPES, prior_locs, prior_scales, 1e-6), locs, rhos, sample
+    )
 
     for value, expected in zip(values, expected_values, strict=True):
         assert torch.equal(value, expected)  # the same noise, drawn site by site
@@ -53,7 +66,7 @@ def test_draws_kl_and_every_gradient_equal_autograds(prior_locs, prior_scales):
 
     # an objective that reads some draws (not the third) and weighs the KL
     g = torch.Generator().manual_seed(4)
-    weights = [torch.randn(s, generator=g, dtype=torch.float64) for s in SHAPES]
+    weights = [torch.randn((*sample, *s), generator=g, dtype=torch.float64) for s in SHAPES]
 
     def objective(total, values):
         pairs = enumerate(zip(values, weights, strict=True))
@@ -72,7 +85,7 @@ def test_large_rho_keeps_softplus_threshold():
     layout = SiteLayout([torch.Size([3])], [0.0], [1.0], 0.0)
     loc = torch.zeros(3, dtype=torch.float64, requires_grad=True)
     rho = torch.tensor([25.0, 30.0, -1.0], dtype=torch.float64, requires_grad=True)
-    total, _, _ = MeanFieldBlock.apply(layout, loc, rho)
+    total, _, _ = MeanFieldBlock.apply(layout, (), loc, rho)
     (grad,) = torch.autograd.grad(total, rho)
     scale = F.softplus(rho.detach())
     sigmoid = torch.sigmoid(rho.detach())

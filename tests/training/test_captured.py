@@ -351,7 +351,7 @@ class _Clip(bbb.Callback):
     "options, message",
     [
         ({"guide": "autonormal"}, "the steps are traced, not fused"),
-        ({"optimizer": torch.optim.SGD}, r"the optimiser is SGD \(fused=None\)"),
+        ({"optimizer": torch.optim.SGD, "lr": 1e-3}, r"the optimiser is SGD \(fused=None\)"),
         ({"callbacks": [_Clip()]}, "the callback _Clip acts between the backward pass"),
     ],
 )

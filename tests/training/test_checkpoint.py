@@ -18,6 +18,8 @@ from pyro_bbb.io import files
 from pyro_bbb.training.checkpoint import get_rng_state, pair_fingerprint, set_rng_state
 from pyro_bbb.training.lr_schedules import CosineDecay
 
+from .test_auto_epochs import _record
+
 N = 48
 
 
@@ -227,6 +229,9 @@ def test_resume_with_another_step_option_is_an_error_naming_both_values(
         "shuffle": True,
         "num_particles": None,  # the request: None resolves the same way on resume
         "reparam": None,
+        "lr": None,
+        "own_rate": True,
+        "lr_schedule": "CosineDecay(epochs=6, start=0.2, floor=0.01)",
         **written,
     }
 
@@ -337,8 +342,85 @@ def test_resume_with_a_validation_pair_the_checkpoint_did_not_record_is_refused(
 
 def test_a_checkpoint_records_its_validation_pair_and_resumes_with_the_same_one(tmp_path):
     path = tmp_path / "c.pt"
+    whole = _automatic(tmp_path / "whole.pt", validation=_pair())
+    expected = _store()
     _automatic(path, validation=_pair(), stop=1)
     options = files.read_file(path, argument="path")["options"]
     assert options["validation_pair"] == pair_fingerprint(_pair())
     assert pair_fingerprint(_pair()) != pair_fingerprint(_pair(shift=1.0))
-    assert len(_automatic(tmp_path / "d.pt", validation=_pair(), resume=path)) > 2
+    resumed = _automatic(tmp_path / "d.pt", validation=_pair(), resume=path)
+    # the uninterrupted run, scored on the same rows: its History and parameters exactly
+    assert len(whole) > 2 and _record(resumed) == _record(whole)
+    assert resumed.stopped == whole.stopped
+    assert all(torch.equal(value, expected[name]) for name, value in _store().items())
+
+
+def _auto(path, *, stop=None, resume=None, **options):
+    """An automatic run of the small model (a callback stops it after epoch ``stop``)."""
+
+    class Stop(bbb.Callback):
+        def on_epoch_end(self, epoch, history):
+            return epoch == stop
+
+    x, y = _data()
+    options = {"seed": 3, "progress": False, "max_steps": 40, **options}
+    return bbb.fit(*_fresh(), x, y, checkpoint=path, resume=resume,
+                   callbacks=[Stop()] if stop is not None else [], **options)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("written", "resumed", "message"),
+    [
+        # a run whose rates fit chose (and halves), resumed at a rate given: the halvings
+        # would be dropped and the rate doubled
+        ({}, {"lr": 0.05}, r"lr=None; this one has lr=0.05"),
+        ({"lr": 0.05}, {"lr": None}, r"lr=0.05; this one has lr=None"),
+        ({}, {"lr_schedule": 1.0}, r"lr_schedule=None; this one has lr_schedule=1.0"),
+        (
+            {"lr_schedule": CosineDecay(6)},
+            {"lr_schedule": CosineDecay(6, floor=0.1)},
+            r"lr_schedule='CosineDecay\(epochs=6, start=0.5, floor=0.01\)'; this one has "
+            r"lr_schedule='CosineDecay\(epochs=6, start=0.5, floor=0.1\)'",
+        ),
+        ({}, {"max_steps": 80}, r"max_steps=40; this one has max_steps=80"),
+        (
+            {},
+            {"optimizer": lambda params: torch.optim.Adam(params, lr=0.01)},
+            r"a fit that chose its rates \(lr=None\); this one follows an optimizer function",
+        ),
+    ],
+)
+def test_resume_with_another_rate_or_budget_is_refused_naming_both(
+    tmp_path, written, resumed, message
+):
+    # everything that decides the run's rate and length is recorded in the checkpoint
+    path = tmp_path / "c.pt"
+    _auto(path, stop=1, **written)
+    with pytest.raises(ValueError, match=rf"resume=.* was written by (a fit with )?{message}"):
+        _auto(tmp_path / "d.pt", resume=path, **{**written, **resumed})
+
+
+def test_a_checkpoint_records_the_rates_and_the_halvings_so_far(tmp_path):
+    path = tmp_path / "c.pt"
+    _auto(path, stop=1)
+    payload = files.read_file(path, argument="path")
+    assert {k: payload["options"][k] for k in ("lr", "own_rate", "lr_schedule", "max_steps")} == {
+        "lr": None, "own_rate": True, "lr_schedule": None, "max_steps": 40,
+    }  # fmt: skip
+    assert payload["halvings"] == []
+    # a record that the History does not bear out is refused, naming both
+    payload["halvings"] = [1]
+    files.write_atomic(path, files.CHECKPOINT, payload)
+    with pytest.raises(ValueError, match=r"halved after epochs \[1\]; this fit reads \[\]"):
+        _auto(tmp_path / "d.pt", resume=path)
+
+
+def test_the_schedule_record_is_the_same_text_for_the_same_schedule():
+    from pyro_bbb.training.checkpoint import schedule_record
+
+    assert schedule_record(None) is None and schedule_record(0.5) == 0.5
+    assert schedule_record(CosineDecay(6)) == schedule_record(CosineDecay(6))
+    assert schedule_record(partial(StepLR, step_size=2)) == (
+        "partial(torch.optim.lr_scheduler.StepLR, step_size=2)"
+    )
+    assert "0x" not in schedule_record(lambda t: 1.0)  # a function: its name, not its address

@@ -250,6 +250,24 @@ def test_rows_given_back_for_the_decay_keep_the_run_within_max_steps():
     assert min(ends) < 5  # the budget, not the decay's plan, ended one of them
 
 
+@pytest.mark.parametrize("max_steps", [15, 20, 24, 25, 29])
+def test_max_steps_is_a_hard_budget_where_rows_are_held_out(max_steps):
+    # 50 of 100 rows train until the decay (5 steps an epoch at batch 10), all 100 in it
+    # (10 steps): where fewer than 10 steps are left when the decay would begin, it has
+    # no room for one epoch over every row, and the run ends there (it took 25 of 20)
+    data, model, guide = _gap(100)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        history = bbb.fit(model, guide, data.x, data.y, batch_size=10, validation=0.5,
+                          max_steps=max_steps, seed=0, progress=False)  # fmt: skip
+    assert history.steps[-1] <= max_steps
+    if "decay" in history.stage:  # every row, given back
+        decay = history.stage.index("decay")
+        assert history.steps[decay] - history.steps[decay - 1] == 10
+    else:  # the budget ended a stage, or left no room for the decay: said either way
+        assert "the held-out rows were not given back" in history.stopped
+
+
 def _recorded(init, read):
     def recording(self, x, y, **options):
         read.append(x)

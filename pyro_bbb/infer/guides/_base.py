@@ -19,14 +19,14 @@ initial means. A subclass builds its parameters from initial means that carry th
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import pyro
 import pyro.distributions as dist
 import torch
 from pyro.infer.autoguide import AutoGuide
 
-from ..._pyro_compat import pyro_name, set_pyro_name
+from ..._pyro_compat import join_name, pyro_name, set_pyro_name
 from ...nn import fresh_initial_values
 from ._init import InitLoc, global_latent_sites, initial_locs
 from ._params import taking_fitted
@@ -61,6 +61,33 @@ class SiteGuide(AutoGuide):
 
     #: ``(K, 1, ..., 1)`` for the members of an ensemble, ``()`` for a single guide.
     member_shape: tuple[int, ...] = ()
+
+    #: What each module of parameters holds, by attribute: ``"loc"`` (means, in the
+    #: weights' units), ``"scale"`` (ρ, :math:`\sigma = \mathrm{softplus}(\rho)`, in units
+    #: of :math:`\log\sigma` where σ is small) or ``"factor"`` (a low-rank factor, in the
+    #: weights' units). A subclass lists its own.
+    parameter_kinds: ClassVar[dict[str, str]] = {"locs": "loc"}
+
+    def parameter_roles(self) -> dict[str, tuple[str, str]]:
+        """What each parameter of the guide is, by its name in Pyro's param store.
+
+        Read by :mod:`pyro_bbb.training.rates`, which gives each kind a rate on its own
+        scale.
+
+        Returns:
+            ``{param-store name: (kind, key)}``: the kind (:attr:`parameter_kinds`) and the
+            site or block the parameter belongs to (``"fc1.weight"``; a low-rank block's
+            name, ``"fc1"``). Empty before the guide is set up.
+        """
+        keys = getattr(self, "_params", None) or {}
+        roles = {}
+        for attribute, kind in self.parameter_kinds.items():
+            root = getattr(self, attribute, None)
+            if root is None:
+                continue
+            for key in keys:
+                roles[join_name(pyro_name(root), key)] = (kind, key)
+        return roles
 
     def _setup_prototype(self, *args, **kwargs) -> None:
         super()._setup_prototype(*args, **kwargs)

@@ -3,11 +3,15 @@
 :func:`set_param` creates a guide parameter after checking that Pyro's global param store
 does not already hold one of that name with another shape (a second model in one session),
 which would otherwise be silently reused and fail deep inside torch. A parameter of that
-name and shape that :func:`~pyro_bbb.fit` trained for another guide (:func:`mark_fitted`),
+name and shape that :func:`~pyro_bbb.fit` trained for another guide (:mod:`pyro_bbb._fitted`),
 left in the store by an earlier fit (a notebook cell run twice without
 ``pyro.clear_param_store()``), would be taken as this guide's starting value: a guide never
 fitted would predict as the fitted one. Pyro shares it (same name, same parameter), so it is
 taken, but not silently: :func:`taking_fitted` warns once per guide, naming the way out.
+:func:`claim_fitted` does the same, when a fit begins, for what a guide's set-up does not
+see: a model's point estimates (a learned noise scale, ``likelihood.scale``, that two
+models of one name share) and Pyro's own autoguides. Neither warns where saved values
+replace the ones taken (``fit(resume=...)``, :func:`~pyro_bbb.load`).
 
 :class:`ParamRef` reads one fast. Reading ``guide.locs.fc1.weight`` walks one
 ``PyroModule.__getattr__`` per name component and then issues the ``pyro.param`` statement;
@@ -24,8 +28,7 @@ import contextlib
 import os
 import sys
 import warnings
-import weakref
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator, Mapping
 from operator import attrgetter
 
 import pyro
@@ -33,6 +36,7 @@ import torch
 from pyro.infer.autoguide.utils import deep_setattr
 from pyro.nn import PyroModule, PyroParam
 
+from ..._fitted import fitted_by, record_fit, values_replaced
 from ..._pyro_compat import (
     SetupError,
     join_name,
@@ -42,29 +46,63 @@ from ..._pyro_compat import (
     unconstrained_parameter,
 )
 
-__all__ = ["ParamRef", "mark_fitted", "set_param", "taking_fitted"]
+__all__ = ["ParamRef", "claim_fitted", "set_param", "taking_fitted"]
 
-#: The tensors ``fit`` has trained, by ``id``: a weak reference to each, so that an entry
-#: goes with its tensor and a new tensor at a reused address is not taken for it.
-_FITTED: dict[int, weakref.ref] = {}
 #: The param-store names of fitted parameters a guide being built takes (innermost build last).
 _TAKING: list[list[str]] = []
 
 
-def mark_fitted(tensors: Iterable[torch.Tensor]) -> None:
-    """Record that :func:`~pyro_bbb.fit` trains ``tensors`` (the param store's, by name).
+def claim_fitted(
+    named: Mapping[str, torch.Tensor], model: object, guide: object, *, set_up: bool
+) -> None:
+    """Record what a fit trains; warn where it trains what another fit trained for another.
 
-    A guide built later whose parameters have these tensors' names would take their fitted
-    values from the store: :func:`set_param` reports it to :func:`taking_fitted`.
+    The guide's parameters are the guide's, the others (a learned noise scale) the
+    model's. A parameter an earlier fit trained for another model, or for another guide
+    that this package's set-up does not check (``set_up=False``: a Pyro autoguide), is
+    shared by name with it (Pyro's rule): the fit starts from that fit's value and moves
+    both. That is warned of once a fit, naming the way out, unless saved values replace
+    them (:func:`~pyro_bbb._fitted.replacing_values`). Continuing a fit with the same
+    model and guide warns of nothing.
+
+    Args:
+        named: Every parameter the fit trains, ``{param-store name: unconstrained}``.
+        model: The model.
+        guide: The guide.
+        set_up: Whether the guide's own set-up checked its parameters (:func:`set_param`).
     """
-    for tensor in tensors:
-        key = id(tensor)
-        _FITTED[key] = weakref.ref(tensor, lambda _, key=key: _FITTED.pop(key, None))
-
-
-def _fitted(tensor: torch.Tensor) -> bool:
-    ref = _FITTED.get(id(tensor))
-    return ref is not None and ref() is tensor
+    prefix = pyro_name(guide)
+    prefix = f"{prefix}." if prefix else None
+    shared: dict[str, list[str]] = {"model": [], "guide": []}
+    for name, tensor in named.items():
+        side = "guide" if prefix is not None and name.startswith(prefix) else "model"
+        owner = guide if side == "guide" else model
+        previous = fitted_by(tensor)
+        if previous is not None and previous is not owner and not (side == "guide" and set_up):
+            shared[side].append(name)
+        record_fit([tensor], owner)
+    if values_replaced():
+        return
+    for side, names in shared.items():
+        if not names:
+            continue
+        more = f" and {len(names) - 1} more" if len(names) > 1 else ""
+        fix = (
+            "give this model its own name (BNN(..., name='b') names its sites and "
+            "parameters 'b.<name>')"
+            if side == "model"
+            else f"give this guide its own name (name='{prefix[:-1]}2')"
+        )
+        warnings.warn(
+            f"Pyro's param store already holds {names[0]!r}{more}, trained by an earlier fit "
+            f"of another {side}: this fit trains those very parameters (Pyro shares "
+            "parameters by name), starting from that fit's values and moving the other "
+            f"{side}'s with them. For a {side} of its own call pyro.clear_param_store() "
+            f"before building it, or {fix}; to continue that fit, pass the fitted model "
+            "and guide themselves to fit again",
+            UserWarning,
+            stacklevel=_outside_frames(),
+        )
 
 
 @contextlib.contextmanager
@@ -81,7 +119,7 @@ def taking_fitted(guide: str, name: str) -> Iterator[None]:
         yield
     finally:
         _TAKING.pop()
-    if taken:
+    if taken and not values_replaced():
         more = f" and {len(taken) - 1} more of its parameters" if len(taken) > 1 else ""
         warnings.warn(
             f"Pyro's param store already holds {taken[0]!r}{more}, trained by an earlier "
@@ -138,7 +176,8 @@ def set_param(root: PyroModule, path: str, value: torch.Tensor, *, site: str) ->
 
     Warns:
         UserWarning: Through :func:`taking_fitted`, once a guide, when the store holds it
-            with this shape, trained by ``fit`` for another guide.
+            with this shape, trained by ``fit`` for another guide (not where saved values
+            replace it).
     """
     if not module_local_params():
         name = pyro_name(root)
@@ -146,7 +185,11 @@ def set_param(root: PyroModule, path: str, value: torch.Tensor, *, site: str) ->
         store = pyro.get_param_store()
         stored = store[fullname] if fullname in store else None  # noqa: SIM401 (no .get)
         unconstrained = getattr(stored, "unconstrained", lambda: stored)()
-        taken = stored is not None and stored.shape == value.shape and _fitted(unconstrained)
+        taken = (
+            stored is not None
+            and stored.shape == value.shape
+            and fitted_by(unconstrained) is not None
+        )
         if taken and _TAKING:
             _TAKING[-1].append(fullname)
         if stored is not None and stored.shape != value.shape:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import pyro
 import pyro.distributions as dist
@@ -118,6 +118,12 @@ class LowRankGuide(GaussianGuide):
             :class:`~pyro_bbb.MeanFieldGuide`), an unknown ``blocks``, a bad ``init_scale``,
             and (at the first call) a rank larger than a block's size.
     """
+
+    parameter_kinds: ClassVar[dict[str, str]] = {
+        "locs": "loc",
+        "rhos": "scale",
+        "factors_t": "factor",
+    }
 
     def __init__(
         self,

@@ -9,7 +9,7 @@ Pyro's autoguides do, so the KL divergence to a Gaussian prior is available in c
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 import pyro.distributions as dist
 import torch
@@ -54,6 +54,8 @@ class MeanFieldGuide(GaussianGuide, SiteWiseGuide):
     Raises:
         ValueError: If ``init_scale`` is not above ``min_scale``.
     """
+
+    parameter_kinds: ClassVar[dict[str, str]] = {"locs": "loc", "rhos": "scale"}
 
     def __init__(
         self,

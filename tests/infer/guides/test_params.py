@@ -95,3 +95,84 @@ def test_continuing_a_fit_with_its_guide_and_a_fresh_or_renamed_guide_do_not_war
         fresh = _model(4)
         bbb.predict(fresh, bbb.MeanFieldGuide(fresh), x, num_samples=2)
     assert not _warnings_of_taking(seen)
+
+
+def _warned(run) -> list[str]:
+    """The messages of every param-store warning ``run()`` raises."""
+    import warnings
+
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        run()
+    return [str(w.message) for w in seen if "Pyro's param store already holds" in str(w.message)]
+
+
+def test_resuming_or_loading_in_the_process_that_saved_warns_of_nothing(tmp_path):
+    # the documented ways back: the fresh model and guide take the store's fitted values at
+    # set-up, and the checkpoint's or file's values then replace them
+    x, y = torch.randn(20, 3), torch.randn(20)
+    model = _model(4)
+    guide = bbb.MeanFieldGuide(model)
+    bbb.fit(model, guide, x, y, epochs=2, progress=False, checkpoint=tmp_path / "c.pt")
+    bbb.save(tmp_path / "m.pt", model, guide)
+
+    def resume():
+        again = _model(4)
+        bbb.fit(again, bbb.MeanFieldGuide(again), x, y, epochs=3, progress=False,
+                resume=tmp_path / "c.pt")  # fmt: skip
+
+    def load():
+        again = _model(4)
+        bbb.load(tmp_path / "m.pt", again, bbb.MeanFieldGuide(again))
+
+    assert _warned(resume) == [] and _warned(load) == []
+
+
+def test_a_second_model_of_the_same_name_warns_that_it_shares_the_learned_noise():
+    # two homoscedastic BNNs: the second guide has its own name, but the models' learned
+    # noise is one parameter, "likelihood.scale"
+    x, y = torch.randn(20, 3), torch.randn(20)
+    first = _model(4)
+    bbb.fit(first, bbb.MeanFieldGuide(first), x, y, epochs=2, progress=False)
+    # the same model with a second guide shares its own noise: nothing to say
+    assert _warned(lambda: bbb.fit(first, bbb.MeanFieldGuide(first, name="other"), x, y,
+                                   epochs=1, progress=False)) == []  # fmt: skip
+    second = _model(4)
+    (message,) = _warned(
+        lambda: bbb.fit(
+            second, bbb.MeanFieldGuide(second, name="second"), x, y, epochs=1, progress=False
+        )
+    )
+    assert "'likelihood.scale', trained by an earlier fit of another model" in message
+    assert "BNN(..., name='b')" in message and "pyro.clear_param_store()" in message
+
+
+def test_a_second_model_with_its_own_name_has_its_own_learned_noise():
+    import pyro
+
+    x, y = torch.randn(20, 3), torch.randn(20)
+    first = _model(4)
+    bbb.fit(first, bbb.MeanFieldGuide(first), x, y, epochs=2, progress=False)
+    second = bbb.BNN(bbb.mlp([3, 4, 1]), bbb.likelihoods.Gaussian(), num_data=20, name="b")
+    assert _warned(lambda: bbb.fit(second, bbb.MeanFieldGuide(second, name="second"), x, y,
+                                   epochs=1, progress=False)) == []  # fmt: skip
+    store = pyro.get_param_store()
+    assert {"likelihood.scale", "b.likelihood.scale"} <= set(store.keys())
+    assert first.likelihood.scale.item() != second.likelihood.scale.item()
+
+
+def test_a_pyro_autoguide_built_after_a_fit_of_its_name_warns_when_it_is_fitted():
+    # Pyro's autoguides create their parameters inside Pyro, unchecked at set-up: the fit
+    # that trains the second one says it trains the first one's parameters
+    from pyro.infer.autoguide import AutoNormal
+
+    x, y = torch.randn(20, 3), torch.randn(20)
+    model = _model(4)
+    bbb.fit(model, AutoNormal(model), x, y, epochs=2, progress=False)
+    messages = _warned(lambda: bbb.fit(model, AutoNormal(model), x, y, epochs=1, progress=False))
+    (message,) = messages
+    assert "'AutoNormal.locs." in message and "another guide" in message
+    assert "name='AutoNormal2'" in message
+    guide = AutoNormal(model)  # continuing that fit with the same guide says nothing
+    bbb.fit(model, guide, x, y, epochs=1, progress=False)
+    assert _warned(lambda: bbb.fit(model, guide, x, y, epochs=1, progress=False)) == []
