@@ -18,7 +18,10 @@ that fit rather than starting over:
   where it is already there).
 
 ``beta=``, ``lr=`` and ``lr_schedule=`` given by the user are followed as given (``lr=`` is
-then the rate from the first step, its factor 1). ``History.continues`` holds the
+then the rate from the first step, its factor 1). The optimiser's state is not carried
+(it would double what :func:`~pyro_bbb.save` writes): the continued fit starts a fresh
+Adam, whose first steps move each weight by about the rate, at the rate the last fit left
+(after a default run a hundredth of the rate it started from). ``History.continues`` holds the
 :class:`FitEnd` a fit continued, ``None`` for a fit from the start. To start over instead,
 fit a new guide (after ``pyro.clear_param_store()`` for fresh values; without it the new
 guide takes the fitted values, with a warning, and only the schedule starts over).
