@@ -24,7 +24,8 @@ Adam, whose first steps move each weight by about the rate, at the rate the last
 (after a default run a hundredth of the rate it started from). ``History.continues`` holds the
 :class:`FitEnd` a fit continued, ``None`` for a fit from the start. To start over instead,
 fit a new guide (after ``pyro.clear_param_store()`` for fresh values; without it the new
-guide takes the fitted values, with a warning, and only the schedule starts over).
+guide takes the fitted values, with a warning, and only the schedule starts over), or set
+``guide.fit_end = None``: the fitted guide, its schedule from the start.
 
 While a fit runs, ``guide.fit_end`` is the end of the fit it continues (``None`` for a fit
 from the start), so a checkpoint written meanwhile carries it, and ``fit(resume=...)``

@@ -109,6 +109,17 @@ def test_a_new_guide_starts_over():
     assert history.continues is None and history.stage[0] == "fit" and history.beta[0] == 0.0
 
 
+def test_a_guide_whose_record_is_cleared_keeps_its_values_and_starts_its_schedule_over():
+    model, guide = _fresh()
+    _fit(model, guide, epochs=30)
+    fitted = {k: v.detach().clone() for k, v in pyro.get_param_store().items()}
+    guide.fit_end = None
+    history = _fit(model, guide, epochs=1, lr=1e-12)  # a step that moves nothing measurably
+    assert history.continues is None and history.beta == [0.0]
+    for name, value in pyro.get_param_store().items():
+        assert torch.allclose(value.detach(), fitted[name], atol=1e-9), name
+
+
 def test_a_guide_record_that_is_not_one_is_refused_naming_it():
     model, guide = _fresh()
     guide.fit_end = {"beta": 1.0}
