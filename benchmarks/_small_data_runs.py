@@ -180,6 +180,7 @@ def run_candidate(name, problem, init_scale, seed):
         _fit(model, guide, problem, epochs, seed, beta=1.0, optimizer=_rho_lr(10.0))
     elif name == "restarts":
         model, guide = restarts(problem, init_scale, seed, tries=3, fraction=1 / 6)
+        guide.fit_end = None  # the best restart trained on with the schedule from its start
         _fit(model, guide, problem, epochs // 2, seed, beta=1.0)
     else:
         raise ValueError(f"unknown candidate {name!r}")

@@ -102,6 +102,22 @@ class Gaussian(Likelihood):
     A network with one output (two if heteroscedastic) has targets ``(batch,)``; with ``D``
     outputs targets are ``(batch, D)`` and the ``D`` dims form one event.
 
+    **What a learned noise takes in.** The ELBO fits a learned noise (one scale, or the
+    heteroscedastic head) to the residuals of each weight draw, so where the guide's draws
+    of the mean spread around the data the noise learned is about
+    :math:`\sigma^2(x) + \mathrm{Var}_q[f(x)]`, and the predictive counts that spread twice,
+    as aleatoric and as epistemic variance. Under a mean-field guide the spread at the data
+    grows with the weights per data point. A 1-50-50-2 tanh network (2,700 weights) at
+    ``fit``'s defaults, on 800 points of :math:`\sin x + 0.3x` whose noise rises from 0.05
+    to 0.35 across :math:`[-3, 3]`, learned 2.3 times the true noise near 0.05 and 1.2 times
+    near 0.35, and its 90 % intervals covered 97 % of test points; on 4,000 points 1.2 and
+    1.07 times and 93 %; a 1-20-20-2 network on the 800 points 1.5 times and 94 %;
+    ``beta=0.2`` (a tempered posterior) 1.3 times and 92 %. Neither the scale's form (exp:
+    2.2 times) nor the head's initial scale (0.05 in place of 0.69: 2.2) nor the guide's
+    (0.01: 2.3) changes it, another prior does not help (a scale mixture 2.6, a fan-in
+    Gaussian 3.9), and without the likelihood-only stage (``beta=1.0``) it is 4.1 times
+    (``python benchmarks/heteroscedastic.py``).
+
     Args:
         scale: Fixed noise standard deviation (target units), or ``None`` to learn it.
         heteroscedastic: Predict the scale per point from the network.

@@ -2,11 +2,14 @@
 
 A file holds, by name, every parameter the model and guide use (the guide's variational
 parameters and the model's point estimates, named as in Pyro's param store, unconstrained),
-the modules' buffers, the shape of every latent site, and the shapes of the inputs the guide
-was set up with. :func:`load` rebuilds a fresh guide from those input shapes (one pass of
-model and guide on zeros, under a forked random state), so the user never has to run the
-guide first: Pyro creates a guide's parameters only on its first call, which is why loading
-a ``state_dict`` into a fresh autoguide fails with "Unexpected key(s)".
+the modules' buffers, the shape of every latent site, the shapes of the inputs the guide
+was set up with, and how the guide's last fit ended (``guide.fit_until`` and
+``guide.fit_end``, :mod:`~pyro_bbb.training.continuation`): what the warnings of the ArviZ
+export and the NUTS comparison read, and where the next ``fit`` of the guide starts from.
+:func:`load` rebuilds a fresh guide from those input shapes (one pass of model and guide on
+zeros, under a forked random state), so the user never has to run the guide first: Pyro
+creates a guide's parameters only on its first call, which is why loading a ``state_dict``
+into a fresh autoguide fails with "Unexpected key(s)".
 
 The file is written atomically and read safely by :mod:`~pyro_bbb.io.files`. Every check
 (format, sites, parameters, shapes, dtypes) passes before the first value is copied: a
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from contextlib import suppress
 from typing import Any
 
 import pyro.poutine as poutine
@@ -28,7 +32,7 @@ from .._devices import cuda_devices, device_of
 from .._fitted import replacing_values
 from .._plates import model_in_plates
 from ..nn import initial_values
-from .files import MODEL, read_file, write_atomic
+from .files import FORMAT_KEY, MODEL, read_file, write_atomic
 
 __all__ = ["load", "save"]
 
@@ -41,8 +45,11 @@ def save(path: PathLike, model: Any, guide: Any) -> None:
 
     The file holds every parameter by its name in Pyro's param store (e.g.
     ``MeanFieldGuide.locs.fc1.weight``, ``likelihood.scale``), the modules' buffers, the
-    latent sites' shapes and the input shapes the guide was set up with. A kill while
-    writing leaves any previous file at ``path`` intact.
+    latent sites' shapes, the input shapes the guide was set up with, and how the guide's
+    last fit ended (``guide.fit_until``, ``guide.fit_end``), which :func:`load` gives back:
+    a loaded guide warns where its fit stopped on the predictive as the fitted one did, and
+    a ``fit`` of it continues that fit. A kill while writing leaves any previous file at
+    ``path`` intact.
 
     Args:
         path: The file to write (its folder must exist).
@@ -67,7 +74,10 @@ def load(path: PathLike, model: Any, guide: Any) -> None:
     ``model`` and ``guide`` must be built as the saved ones were (same architecture, guide
     class and options, names); the guide need not have been called. It is set up by one pass
     of model and guide on zero inputs of the saved shapes, which leaves the random state as
-    it was. A checkpoint written by ``fit(checkpoint=...)`` loads the same way.
+    it was. The guide takes the saved record of how its fit ended (``guide.fit_until``,
+    ``guide.fit_end``; ``None`` from a file written before they were kept). A checkpoint
+    written by ``fit(checkpoint=...)`` loads the same way, without that record (set to
+    ``None``; to go on with the fit it checkpointed, resume it: ``fit(resume=...)``).
 
     Args:
         path: A file written by :func:`save` or ``fit(checkpoint=...)``.
@@ -96,6 +106,8 @@ def load(path: PathLike, model: Any, guide: Any) -> None:
             f"{_shapes_of(args)}; were they built as the saved ones? ({first_line})"
         ) from error
     restore(payload, model, guide, named, where)
+    ended = payload.get("fit", {}) if payload.get(FORMAT_KEY) == MODEL else {}
+    _set_record(guide, ended.get("until"), ended.get("end"))
 
 
 # ---------------------------------------------------------- what a file holds, and back
@@ -116,8 +128,18 @@ def trace_params(model, guide, args: tuple, kwargs: dict) -> dict[str, torch.Ten
 
 
 def capture(model, guide, named: Mapping[str, torch.Tensor], args: tuple, kwargs: dict) -> dict:
-    """The contents of a file: sites, parameters, buffers and the set-up's input shapes."""
+    """The contents of a file: sites, parameters, buffers, input shapes, how the fit ended.
+
+    The record (``"fit"``: ``guide.fit_until`` and ``guide.fit_end``) is, in a saved model,
+    how the fit that trained the guide ended; in a checkpoint written while a fit runs, how
+    the fit that one continues ended, which ``fit(resume=...)`` continues from again
+    (:mod:`~pyro_bbb.training.continuation`).
+    """
     return {
+        "fit": {
+            "until": getattr(guide, "fit_until", None),
+            "end": _plain(getattr(guide, "fit_end", None)),
+        },
         "sites": {name: _site_entry(value) for name, value in _latent_sites(guide).items()},
         "params": {name: value.detach() for name, value in named.items()},
         "buffers": {"model": _buffers(model), "guide": _buffers(guide)},
@@ -189,6 +211,23 @@ def restore(payload: Mapping, model, guide, named: Mapping[str, torch.Tensor], w
 
 
 # --------------------------------------------------------------------------- helpers
+def _plain(record: Mapping | None) -> dict | None:
+    """A record of plain values (numbers, strings, ``None``), as a file stores it."""
+    if record is None:
+        return None
+    return {
+        key: value
+        for key, value in dict(record).items()
+        if value is None or isinstance(value, (bool, int, float, str))
+    }
+
+
+def _set_record(guide, until: str | None, end: Mapping | None) -> None:
+    """Give ``guide`` the record of how its fit ended (a guide that takes none is left)."""
+    with suppress(AttributeError, TypeError):
+        guide.fit_until, guide.fit_end = until, None if end is None else dict(end)
+
+
 def _require_autoguide(guide) -> None:
     if not hasattr(guide, "prototype_trace"):
         raise TypeError(

@@ -42,7 +42,16 @@ passes as a small one gets steps): ``"fit"`` may take a fifth of it, ``"train"``
 saying what was still moving and what to pass). The stages' least lengths shrink to fit a
 small budget: no budget is too small to run. A ``beta`` other than ``None`` (a number or
 the user's own schedule, followed as given) skips the first two stages; an
-``lr_schedule`` of the user's replaces the decay's rate. ``History.stage`` records each
+``lr_schedule`` of the user's replaces the decay's rate.
+
+**A continued run** (a fitted guide given to ``fit`` again,
+:mod:`~pyro_bbb.training.continuation`) starts in ``"train"``, β constant at the value the
+fit it continues ended on, the rate at the factor ``rate_from`` where that fit left it: it
+trains there while further steps pay, then decays from there to the same floor of ``lr``.
+A rate already within :data:`~pyro_bbb.training.continuation.DECAYED` of that floor (a run
+that ended with its decay) is neither halved nor decayed again: the run ends with its
+full-rate stage, which confirms that going on no longer pays, or finds what it still
+buys. ``History.stage`` records each
 epoch's stage and ``History.stopped`` why the run ended; every decision is a function of
 the History, so a resumed run continues where the interrupted one was.
 """
@@ -58,6 +67,7 @@ import torch
 
 from .._validation import check_int
 from ..infer.schedules import LinearWarmup
+from .continuation import DECAYED
 from .convergence import (
     MIN_WINDOW,
     Convergence,
@@ -214,6 +224,12 @@ class AutoEpochs:
             back (``None``: as ``steps_per_epoch``); the last stage's length keeps the run
             within its budget of steps.
         halves: Whether the full-rate stage halves its rate where it stops paying.
+        rate_from: A continued run's (:mod:`~pyro_bbb.training.continuation`): the rate's
+            factor where the fit it continues left it; the run starts in ``"train"`` (with
+            ``beta`` the value that fit ended on) at this factor, halved and decayed from
+            it, neither where it is within
+            :data:`~pyro_bbb.training.continuation.DECAYED` of the decay's floor.
+            ``None`` for a run from the start.
     """
 
     def __init__(
@@ -229,6 +245,7 @@ class AutoEpochs:
         gives_back: bool = False,
         steps_given_back: int | None = None,
         halves: bool = False,
+        rate_from: float | None = None,
     ) -> None:
         self.steps_per_epoch = check_int("steps_per_epoch", steps_per_epoch)
         self.max_epochs = check_int("max_epochs", max_epochs)
@@ -243,9 +260,14 @@ class AutoEpochs:
             least = max(least, 2 * MIN_WINDOW)
         #: The fewest epochs of a tested stage: shorter when the budget is small.
         self.min_stage = max(1, min(least, max_epochs // 8))
-        self.user_beta, self.decay = beta, decay
+        #: The rate's factor the run starts from (a continued run's; 1 from the start).
+        self.rate_from = 1.0 if rate_from is None else float(rate_from)
+        #: Whether the run continues a fitted guide's fit.
+        self.continued = rate_from is not None
+        decayed = self.continued and self.rate_from <= DECAYED
+        self.user_beta, self.decay = beta, decay and not decayed
         #: Whether the full-rate stage halves its rate where it stops paying.
-        self.halves = halves and self.rule.reads_scores
+        self.halves = halves and self.rule.reads_scores and not decayed
         #: Where the run is; changed by :meth:`_apply` alone.
         self.state = RunState({"fit" if beta is None else "train": 0})
 
@@ -295,8 +317,8 @@ class AutoEpochs:
     def rate(self, t: float) -> float:
         """The learning-rate factor at epoch ``t``: 1, halved at each halving, then the decay."""
         state = self.state
-        factor, decay = 0.5 ** sum(1 for epoch in state.halvings if epoch <= t), state.decay
-        return factor if decay is None else factor * decay(t)
+        factor = self.rate_from * 0.5 ** sum(1 for epoch in state.halvings if epoch <= t)
+        return factor if state.decay is None else factor * state.decay(t)
 
     def phase(self, epoch: int) -> str:
         """The stage of epoch ``epoch``, with the full-rate stage's halvings told apart.
@@ -467,8 +489,8 @@ class AutoEpochs:
             length = max(1, planned - tried)
         end = start + min(max(1, length), self._room(start))
         decay = None
-        if self.decay:  # from the halved rate to the same floor of lr
-            floor = min(1.0, floor * 2 ** len(state.halvings))
+        if self.decay:  # from the halved (or continued) rate to the same floor of lr
+            floor = min(1.0, floor * 2 ** len(state.halvings) / self.rate_from)
             decay = InverseTimeDecay(end, start=start / end, floor=floor)
         return replace(state, end=end, decay=decay)
 

@@ -10,6 +10,7 @@ from contextlib import suppress
 
 from ..infer.collapse import FRACTION_THRESHOLD as COLLAPSE_FRACTION
 from ..infer.collapse import diagnose_collapse, warn_if_collapsed
+from .continuation import FitEnd
 from .history import History
 from .minibatches import Batches
 from .run_length import RunLength
@@ -18,20 +19,35 @@ __all__ = ["check_collapse", "stamp", "stopped"]
 
 
 def stopped(length: RunLength, history: History, stop: bool) -> str:
-    """Why the run ended (``History.stopped``): a callback (``stop``), or its length's end."""
+    """Why the run ended (``History.stopped``): a callback (``stop``), or its length's end.
+
+    A continued fit (``History.continues``) says first what it continued from.
+    """
     if stop:
-        return f"a callback stopped the run after epoch {len(history) - 1:,}"
-    return length.stopped(history)
+        ended = f"a callback stopped the run after epoch {len(history) - 1:,}"
+    else:
+        ended = length.stopped(history)
+    origin = history.continues
+    if origin is None:
+        return ended
+    return (
+        f"continued a fit of {origin['epochs']:,} epochs ({origin['steps']:,} steps) from its "
+        f"end, at beta = {origin['beta']:.3g} and the rate {origin['lr']:.3g} it left; {ended}"
+    )
 
 
-def stamp(guide: object, until: str | None) -> None:
-    """Leave on the guide how its last fit ended (``History.until``), as ``guide.fit_until``.
+def stamp(guide: object, end: FitEnd) -> None:
+    """Leave on the guide how its last fit ended: ``guide.fit_end`` and ``guide.fit_until``.
 
-    Read where the posterior itself is read (:mod:`~pyro_bbb.evaluation`), which warns when
-    the run stopped on the predictive. A guide that takes no attributes is left as it is.
+    ``fit_until`` (``History.until``) is read where the posterior itself is read
+    (:mod:`~pyro_bbb.evaluation`), which warns when the run stopped on the predictive;
+    ``fit_end`` is where the next fit of the guide starts from
+    (:mod:`~pyro_bbb.training.continuation`). :func:`~pyro_bbb.save` keeps both. A guide
+    that takes no attributes is left as it is.
     """
     with suppress(AttributeError, TypeError):
-        guide.fit_until = until
+        guide.fit_until = end["until"]
+        guide.fit_end = end
 
 
 def check_collapse(model, guide, history: History, batches: Batches) -> None:

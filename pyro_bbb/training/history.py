@@ -5,8 +5,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 __all__ = ["History"]
 
@@ -87,6 +88,12 @@ class History:
         convergence: The convergence check of the fit's end
             (:class:`~pyro_bbb.training.convergence.Convergence`: ``converged``, the epochs
             read, the trends and a message), or ``None`` before ``fit`` has checked.
+        continues: How the fit this one continued ended, where ``fit`` was given a fitted
+            guide (its ``guide.fit_end``, a
+            :class:`~pyro_bbb.training.continuation.FitEnd`: β, the rate, epochs, steps,
+            why it stopped): this fit started from there, β at that fit's final value and
+            the rate where it left it (:mod:`~pyro_bbb.training.continuation`); ``None``
+            for a fit from the start. Its lists count this fit's epochs and steps alone.
     """
 
     num_data: int
@@ -109,6 +116,7 @@ class History:
     averaged_nll: list[float] = field(default_factory=list)
     averaged_kl: list[float] = field(default_factory=list)
     convergence: _Check | None = None
+    continues: Mapping[str, Any] | None = None
 
     def __len__(self) -> int:
         return len(self.loss)
@@ -169,8 +177,9 @@ class History:
     def __repr__(self) -> str:
         if not self.loss:
             return "History(empty)"
+        continued = "" if self.continues is None else ", continued"
         return (
-            f"History({len(self)} epochs, {self.steps[-1]} steps, "
+            f"History({len(self)} epochs{continued}, {self.steps[-1]} steps, "
             f"{sum(self.seconds):.1f} s; last: loss={self.loss[-1]:.4g} "
             f"({self.loss_per_datum[-1]:.4g}/datum), nll={self.nll[-1]:.4g}, "
             f"kl={self.kl[-1]:.4g}, beta={self.beta[-1]:.3g})"

@@ -31,6 +31,7 @@ from .arguments import check_options, rows_of
 from .callbacks import Callback
 from .captured import static_steps
 from .checkpoint import Checkpointing, FitState, fit_options
+from .continuation import continued_from, fit_end, rate_factor, resume_rates
 from .convergence import ConvergenceWarning
 from .distributed import DataParallel, data_parallel
 from .end_of_run import check_collapse, stamp, stopped
@@ -42,7 +43,7 @@ from .objective import build_objective
 from .optimizers import OptimizerSpec
 from .placement import place
 from .progress import Progress, show_progress
-from .rates import fit_optimizer
+from .rates import fit_optimizer, rate_is_fits
 from .run_length import RunLength, run_length
 from .scoring import SAMPLE_ROWS, SampleFit, Scores, held_out_score, score_every
 from .steps import Steps
@@ -136,6 +137,12 @@ def fit(
     a fixed run and a strict one warn when it fails, a default run only when its budget
     ended it.
 
+    **A fitted guide continues.** Given a guide a fit has trained (its ``guide.fit_end``,
+    which :func:`~pyro_bbb.save` keeps), ``fit`` goes on from where that fit ended: β at its
+    final value, the rate where it left it, an automatic run's full-rate stage and decay
+    only (:mod:`~pyro_bbb.training.continuation`; ``History.continues``). ``beta``, ``lr``
+    and ``lr_schedule`` given are followed as given; a new guide starts over.
+
     **Checkpoints.** ``checkpoint=PATH`` writes, atomically, every ``checkpoint_every``
     epochs and at the end, what a bit-identical resume needs: parameters, optimiser state,
     History and every random state. ``resume=PATH`` continues such a fit up to ``epochs``
@@ -190,7 +197,7 @@ def fit(
             one explicitly to extend a run; with ``epochs=None`` the warm-up is placed where
             the run is, and a number or a schedule of your own (``LinearWarmup(20)``) is
             followed as given from the first epoch. Pass ``beta=1.0`` for the plain ELBO
-            throughout, e.g. to continue a fit.
+            throughout; a fitted guide's next fit keeps β at its final value.
         num_particles: Weight samples per step, vectorised over a leading dim. ``None``
             (the default) takes as many as keep a step's drawn weights times minibatch rows,
             over all samples, within 262,144, between 1 and 8
@@ -325,22 +332,24 @@ def fit(
         seed=order_seed, rank=parallel.rank, world_size=parallel.world_size, rows=rows,
     )  # fmt: skip
     held_out = held_out_score(x, y, held_rows, held.pair, order_seed, data_device)
+    origin, chosen = continued_from(guide, saving.resumed), rate_is_fits(lr, optimizer)
     length, schedule, lr_schedule = run_length(
         epochs, max_steps, len(batches), beta, lr_schedule,
         until=until, scored=held_out is not None, every=score_every(len(batches)),
-        gives_back=rows is not None, halves=saving.halves,
+        gives_back=rows is not None, halves=saving.halves, continues=origin,
+        rate_from=rate_factor(origin, chosen),
         steps_given_back=len(batches.every_row) if batches.every_row is not None else None,
     )  # fmt: skip
     with saving.setting_up():  # a resumed fit's values come from its checkpoint
         objective = build_objective(model, guide, schedule, num_particles, reparam, batches)
     elbo, first, params = objective.elbo, objective.first, objective.params
     optim = fit_optimizer(optimizer, lr, saving.own_rates, model, guide, objective)
-    rates = LRSchedule(lr_schedule, optim)
+    rates = LRSchedule(lr_schedule, resume_rates(optim, origin, chosen))  # continued: as before
     parallel.broadcast_(params)  # every process starts from rank 0's parameters
     history = History(
         num_data=batches.num_data, num_particles=elbo.num_particles, draws=objective.draws,
         held_out=0 if held_out is None else len(held_out),
-        until=None if epochs is not None else until,
+        until=None if epochs is not None else until, continues=origin,
     )  # fmt: skip
     scores = Scores(params, _sample_fit(batches, epochs, order_seed), held_out)
     state = FitState(
@@ -381,7 +390,7 @@ def fit(
     history.stopped = stopped(length, history, stop)
     bar.close(history.stopped)
     history.convergence = length.convergence(history)
-    stamp(guide, history.until)
+    stamp(guide, fit_end(history, elbo.beta, beta is None and origin is None, rates))
     if parallel.is_main:
         message = length.warning(history)
         if message is not None:

@@ -3,7 +3,9 @@
 ``fit(epochs=E)`` runs ``E`` epochs (:class:`FixedEpochs`) with β's warm-up and the learning
 rate's decay drawn over them, as ``fit`` always has; ``fit(epochs=None)`` runs the stages of
 :class:`~pyro_bbb.training.auto_epochs.AutoEpochs` until more training stops paying (or,
-``until="converged"``, until the convergence check passes).
+``until="converged"``, until the convergence check passes). A fit that continues a fitted
+guide (:mod:`~pyro_bbb.training.continuation`) keeps β at its final value and the rate
+where that fit left it, either way.
 :func:`run_length` gives ``fit`` the one it asked for with the schedules that go with it.
 Nothing here trains.
 """
@@ -17,6 +19,7 @@ import torch
 from .._validation import check_int
 from ..infer.schedules import ScheduleLike, as_schedule, delayed_warmup
 from .auto_epochs import AutoEpochs, budget_epochs
+from .continuation import ContinuedRate, FitEnd
 from .convergence import Convergence, check_convergence, convergence_warning
 from .history import History
 from .lr_schedules import InverseTimeDecay, LRScheduleLike
@@ -130,11 +133,17 @@ def run_length(
     gives_back: bool = False,
     steps_given_back: int | None = None,
     halves: bool = False,
+    continues: FitEnd | None = None,
+    rate_from: float = 1.0,
 ) -> tuple[RunLength, Callable[[float], float], LRScheduleLike]:
     """The run's length, β's schedule and the learning-rate schedule of a fit.
 
     A fixed run takes ``delayed_warmup(epochs)`` and ``InverseTimeDecay(epochs)`` for
-    ``None``; an automatic one its stages' (a user's schedule is followed as given).
+    ``None``; an automatic one its stages' (a user's schedule is followed as given). A fit
+    that continues another (``continues``) takes, for ``None``, β constant at that fit's
+    final value and the rate from ``rate_from``: a fixed run
+    :class:`~pyro_bbb.training.continuation.ContinuedRate`, an automatic one its full-rate
+    stage and decay from there (:class:`AutoEpochs`).
 
     Args:
         epochs: A fixed run's length, or ``None`` for an automatic run.
@@ -149,14 +158,20 @@ def run_length(
         steps_given_back: Steps in an epoch of every row, held-out ones included.
         halves: Whether an automatic run's full-rate stage halves its rate where it stops
             paying (``fit``'s ``lr`` left to it).
+        continues: The end of the fit this one continues
+            (:class:`~pyro_bbb.training.continuation.FitEnd`), or ``None``.
+        rate_from: The rate's factor a continued fit starts from
+            (:func:`~pyro_bbb.training.continuation.rate_factor`).
 
     Returns:
         ``(length, beta schedule, lr schedule)``.
     """
+    if continues is not None and beta is None:
+        beta = continues["beta"]  # constant at the value the fit it continues ended on
     if epochs is not None:
         schedule = delayed_warmup(epochs) if beta is None else as_schedule(beta)
-        rates = InverseTimeDecay(epochs) if lr_schedule is None else lr_schedule
-        return FixedEpochs(epochs), schedule, rates
+        rates = InverseTimeDecay(epochs) if continues is None else ContinuedRate(epochs, rate_from)
+        return FixedEpochs(epochs), schedule, rates if lr_schedule is None else lr_schedule
     length = AutoEpochs(
         steps_per_epoch,
         budget_epochs(max_steps, steps_per_epoch),
@@ -168,5 +183,6 @@ def run_length(
         gives_back=gives_back,
         steps_given_back=steps_given_back,
         halves=halves and lr_schedule is None,
+        rate_from=None if continues is None else rate_from,
     )
     return length, length.beta, length.rate if lr_schedule is None else lr_schedule

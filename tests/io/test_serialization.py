@@ -110,6 +110,37 @@ def test_load_leaves_the_random_state_as_it_was(tmp_path):
     assert torch.equal(drawn, torch.rand(3))
 
 
+def test_a_loaded_guide_keeps_how_its_fit_ended_and_warns_as_the_fitted_one(tmp_path):
+    # the ArviZ export warns of a posterior whose fit stopped on the predictive: it reads
+    # guide.fit_until, which a saved and loaded guide must carry as the fitted one does
+    model, guide = _build()
+    bbb.fit(model, guide, *_data(), max_steps=300, seed=0, progress=False)
+    assert guide.fit_until == "predictive"
+    ended = getattr(guide, "fit_end", None)
+    bbb.save(tmp_path / "bnn.pt", model, guide)
+    pyro.clear_param_store()
+    model, guide = _build(init_seed=5)
+    bbb.load(tmp_path / "bnn.pt", model, guide)
+    with pytest.warns(UserWarning, match="whose fit stopped on the predictive"):
+        bbb.to_inference_data(model, guide, *_data(), num_samples=8, seed=0)
+    assert guide.fit_until == "predictive" and guide.fit_end == ended is not None
+    # and its next fit continues the saved one
+    history = bbb.fit(model, guide, *_data(), epochs=2, seed=0, progress=False)
+    assert history.continues == ended and history.beta == [1.0, 1.0]
+
+
+def test_a_checkpoint_loads_without_a_record_of_how_the_fit_ended(tmp_path):
+    # a checkpoint written while a fit ran holds the end of the fit that one continued, not
+    # its own end; it is resumed with fit(resume=...), and a load leaves no record
+    model, guide = _build()
+    bbb.fit(model, guide, *_data(), epochs=3, seed=0, checkpoint=tmp_path / "c.pt")
+    pyro.clear_param_store()
+    model, guide = _build(init_seed=5)
+    guide.fit_until = "predictive"
+    bbb.load(tmp_path / "c.pt", model, guide)
+    assert guide.fit_until is None and guide.fit_end is None
+
+
 def test_a_fit_checkpoint_loads_like_a_saved_model(tmp_path):
     model, guide = _build()
     bbb.fit(model, guide, *_data(), epochs=3, seed=0, checkpoint=tmp_path / "c.pt")
