@@ -140,8 +140,8 @@ class FunctionSpaceDiagnostics:
 
     Attributes:
         ess: Bulk ESS of each output, pooled over chains: ``(batch[, dim])`` for regression
-            (the mean of ``y`` under each draw), ``(batch, classes)`` or ``(batch[, dim])``
-            for classification (the class probabilities).
+            (the mean of ``y`` under each draw), ``(batch[, dim], classes)`` for
+            classification (the class probabilities; two classes for a Bernoulli model).
         r_hat: Rank-normalised split R̂ of each output, same shape.
         chain_means: Each chain's posterior mean of each output, ``(num_chains, *shape)``:
             chains that settled in different function-space modes show here.
