@@ -44,6 +44,10 @@ VI_CHAINS = 4
 #: What a slice of draws holds, as a multiple of its sites' values: the values, a copy of a
 #: block's slices, and a log-density's elementwise terms.
 _DRAW_FACTOR = 3
+#: A slice of draws takes this share of :data:`~pyro_bbb.infer.slices.SLICE_BYTES`; the
+#: activations of its passes over the rows take the budget's whole, so that together they
+#: hold about 1.25 times it.
+_DRAW_SHARE = 0.25
 
 
 @dataclass(frozen=True)
@@ -157,7 +161,7 @@ def _draws_per_slice(
     one = sum(shape.numel() * dtype.itemsize for shape, dtype in sites.values()) * members
     if one == 0:
         return total
-    return int(max(1, min(total, SLICE_BYTES // (_DRAW_FACTOR * one))))
+    return int(max(1, min(total, _DRAW_SHARE * SLICE_BYTES // (_DRAW_FACTOR * one))))
 
 
 @torch.no_grad()
@@ -182,11 +186,12 @@ def posterior_draws(
     R̂ and ESS, which need at least two chains, read them as they read MCMC's.
 
     **Memory.** A guide is drawn a slice of draws at a time, each slice's weights of every site
-    about :data:`~pyro_bbb.infer.slices.SLICE_BYTES` at most (a third of it, with room for
-    their log-densities), and each slice is replayed on the rows a slice of rows at a time
-    (``batch_size``, or rows sized by the activations they take). What is kept is what was
-    asked: the sites in ``sites`` (their units in ``coords``), and per draw and row the
-    log-likelihood and the predictive. With a single slice the numbers are those of one pass.
+    (with room for their log-densities) a quarter of
+    :data:`~pyro_bbb.infer.slices.SLICE_BYTES` at most, and each slice is replayed on the
+    rows a slice of rows at a time (``batch_size``, or rows sized by the activations they
+    take). What is kept is what was asked: the sites in ``sites`` (their units in
+    ``coords``), and per draw and row the log-likelihood and the predictive. With a single
+    slice the numbers are those of one pass.
 
     Args:
         model: The model, e.g. a :class:`~pyro_bbb.BNN`.

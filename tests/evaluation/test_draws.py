@@ -27,13 +27,13 @@ def _log_likelihood(model, values, x, y, c, s):
 
 
 def test_draws_sliced_by_memory_are_the_guides_with_their_densities(monkeypatch):
-    # a budget of about two draws a slice and 7 rows a pass: 3 chains of 5 draws come in 8
-    # slices, each replayed in 5 passes; every draw's log q, log p(w) and log-likelihood
-    # are those of its own weights, in closed form
+    # a budget of two draws a slice (a quarter of it, 3 x their 108 bytes) and 7 rows a
+    # pass: 3 chains of 5 draws come in 8 slices, each replayed in 5 passes; every draw's
+    # log q, log p(w) and log-likelihood are those of its own weights, in closed form
     model, x, y = _classifier()
     guide = bbb.MeanFieldGuide(model, init_scale=0.3)
     guide(x, y)
-    monkeypatch.setattr("pyro_bbb.evaluation.draws.SLICE_BYTES", 3 * 2 * 27 * 4)
+    monkeypatch.setattr("pyro_bbb.evaluation.draws.SLICE_BYTES", 4 * 3 * 2 * 27 * 4)
     draws = posterior_draws(model, guide, x, y, num_samples=5, num_chains=3, batch_size=7)
     assert draws.values["0.weight"].shape == (3, 5, 4, 2)
     assert draws.log_likelihood.shape == (3, 5, 30)
@@ -61,7 +61,7 @@ def test_an_ensembles_members_stay_its_chains_across_slices(monkeypatch):
     model, x, y = _classifier()
     ensemble = bbb.Ensemble(model, lambda m: bbb.MeanFieldGuide(m, init_scale=1e-3), k=3)
     ensemble(x, y)
-    monkeypatch.setattr("pyro_bbb.evaluation.draws.SLICE_BYTES", 3 * 3 * 27 * 4)
+    monkeypatch.setattr("pyro_bbb.evaluation.draws.SLICE_BYTES", 4 * 3 * 3 * 27 * 4)
     draws = posterior_draws(model, ensemble, x, y, num_samples=4, predictive=True)
     loc = ensemble.marginals()["0.weight"][0]  # (3, 4, 2)
     assert draws.values["0.weight"].shape == (3, 4, 4, 2)
