@@ -333,12 +333,12 @@ def _log_q(posterior, guide_trace: poutine.Trace, layout: _Layout, n: int) -> to
     r""":math:`\log q(w)` of each draw of the slice, ``(n[, C])``."""
     if layout.ensemble:
         return layout.lead(posterior.mixture_log_prob(guide_trace), n, 0)
-    log_q = torch.zeros(n)
+    log_q = None
     for site in guide_trace.nodes.values():
         if site["type"] == "sample" and not site["is_observed"] and not site_is_subsample(site):
             term = _per_draw(site["fn"].log_prob(site["value"]), n, layout)
-            log_q = log_q.to(term) + term
-    return log_q
+            log_q = term if log_q is None else log_q + term
+    return torch.zeros(n) if log_q is None else log_q
 
 
 def _log_prior(trace: poutine.Trace, observed: str, n: int, layout: _Layout) -> torch.Tensor:

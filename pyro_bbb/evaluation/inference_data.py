@@ -22,6 +22,7 @@ import numpy as np
 import pyro
 import torch
 
+from .._validation import check_int
 from ..infer.mcmc import NUTSResult
 from ..training import ConvergenceWarning
 from .draws import VI_CHAINS, model_sites, posterior_draws
@@ -124,7 +125,13 @@ def _size(num_bytes: float) -> str:
     return f"{num_bytes:.0f} B"
 
 
-def _refuse(sizes, sites, num_draws, var_names, max_bytes) -> None:
+def _refuse(
+    sizes: Mapping[str, int],
+    sites: Mapping[str, tuple[Sequence[int], torch.dtype]],
+    num_draws: int,
+    var_names: Any,
+    max_bytes: float,
+) -> None:
     """Raise, saying how large the export would be, where, and what to pass."""
     by_layer: dict[str, int] = {}
     for name, (shape, dtype) in sites.items():
@@ -245,6 +252,8 @@ def to_inference_data(
         KeyError: If a name in ``var_names`` or a dim in ``coords`` matches nothing.
     """
     warn_if_stopped_on_predictive(posterior, "to_inference_data")
+    check_int("num_samples", num_samples)
+    check_int("num_chains", num_chains, optional=True)
     latent = model_sites(model, x, posterior)
     kept = select_sites(var_names, list(latent), filter_vars)
     dims = {name: site_dims(name, latent[name][0]) for name in kept}

@@ -350,6 +350,8 @@ def predict(
         ValueError: On bad options, or inputs with NaN/inf or that the model refuses; for
             ``"linearised"``, on a guide whose draws are not Gaussian, an ensemble, or a
             ``reparam``.
+        NotImplementedError: For a likelihood other than a Normal, Categorical or
+            Bernoulli one.
     """
     if predictive is None:
         predictive = getattr(guide, "default_predictive", "sample")

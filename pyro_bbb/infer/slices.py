@@ -31,6 +31,7 @@ import pyro.distributions as dist
 import pyro.poutine as poutine
 import torch
 from pyro.poutine.messenger import Messenger
+from pyro.poutine.util import prune_subsample_sites
 from torch.nn.modules.module import register_module_forward_hook
 
 from .._devices import cuda_devices
@@ -109,8 +110,10 @@ class ModelReplay:
     ) -> None:
         self.observed = observed
         self.module = module
-        self._guide_trace = guide_trace
-        self._run = Undrawn({observed})(poutine.replay(plate(model), trace=guide_trace))
+        # the guide's own plates (an autoguide's) hold the rows it was traced on: a slice of
+        # other rows replays the draws only, as Pyro's Predictive does
+        draws = prune_subsample_sites(guide_trace)
+        self._run = Undrawn({observed})(poutine.replay(plate(model), trace=draws))
 
     def trace(self, *args: Any) -> poutine.Trace:
         """The model's trace on a slice: ``args`` are the model's, e.g. ``(x_rows[, y_rows])``."""
@@ -289,8 +292,8 @@ def _parameters(base: dist.TorchDistribution) -> tuple[str, ...]:
     if type(base) in (dist.Categorical, dist.Bernoulli):
         return ("logits",)
     raise NotImplementedError(
-        f"slices of a {type(base).__name__} observation cannot be put together (Normal, "
-        "Categorical and Bernoulli can): pass batch_size=len(x) to run every row at once"
+        "slices of an observation are put together for a Normal, Categorical or Bernoulli "
+        f"likelihood (possibly Independent), got {type(base).__name__}"
     )
 
 

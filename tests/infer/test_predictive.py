@@ -453,6 +453,21 @@ def test_predict_goes_through_the_rows_in_slices_sized_by_their_activations(monk
     torch.testing.assert_close(sliced.samples, whole.samples, rtol=1e-6, atol=1e-6)
 
 
+def test_an_autoguides_prediction_goes_in_slices_too():
+    # an autoguide's trace holds its plates over the rows it was set up on (20): a slice of
+    # 7 rows replays its draws only (its plates would give the slice 20 rows)
+    from pyro.infer.autoguide import AutoNormal
+
+    pyro.set_rng_seed(0)
+    x, y = _data()
+    model = BNN(mlp([1, 8, 1]), likelihoods.Gaussian(0.1), num_data=20)
+    guide = AutoNormal(model)
+    guide(x, y)
+    whole = predict(model, guide, x, num_samples=6, seed=2, batch_size=len(x))
+    sliced = predict(model, guide, x, num_samples=6, seed=2, batch_size=7)
+    torch.testing.assert_close(sliced.samples, whole.samples, rtol=1e-6, atol=1e-6)
+
+
 @pytest.mark.parametrize("predictive", ["sample", "linearised", "online"])
 def test_a_bernoulli_prediction_has_probs_and_log_probs_of_one_shape(predictive):
     # both end with the two classes [y = 0, y = 1], as a Categorical's end with its classes
