@@ -6,7 +6,8 @@ A network becomes a Pyro model whose weights are sample sites (:func:`bayesianiz
 an :class:`Ensemble` of any of them, trained as one); :func:`fit` maximises a β-annealed ELBO;
 :func:`predict` returns calibrated predictive uncertainty; :func:`local_reparameterization`
 and :func:`flipout` lower the gradient variance; :func:`run_nuts` samples the same model
-with NUTS, :func:`to_inference_data` exports VI and NUTS to ArviZ, :func:`psis_khat`
+with NUTS, :func:`to_inference_data` exports VI and NUTS to ArviZ,
+:func:`posterior_summary` sums a guide's posterior up by site or layer, :func:`psis_khat`
 diagnoses a guide and :func:`compare` sets two posteriors side by side. :func:`fit` trains
 data-parallel under ``torchrun`` and writes checkpoints it can resume from; :func:`save` and
 :func:`load` carry a trained model and guide to another process. :func:`fit` trains until
@@ -28,7 +29,7 @@ predictions; :mod:`pyro_bbb.data` holds data sets; :mod:`pyro_bbb.plots` draws f
 """
 
 from . import data, evaluation, infer, io, likelihoods, metrics, nn, online, priors, training
-from .evaluation import Comparison, compare, psis_khat, to_inference_data
+from .evaluation import Comparison, compare, posterior_summary, psis_khat, to_inference_data
 from .infer import (
     ClassificationPrediction,
     DeltaGuide,
@@ -87,6 +88,7 @@ __all__ = [
     "mlp",
     "nn",
     "online",
+    "posterior_summary",
     "predict",
     "priors",
     "psis_khat",

@@ -14,6 +14,7 @@ from matplotlib.figure import Figure  # noqa: E402
 
 from pyro_bbb.plots import (  # noqa: E402
     plot_history,
+    plot_posterior_summary,
     plot_regression_bands,
     plot_reliability,
     plot_scores,
@@ -208,3 +209,28 @@ def test_plot_scores_rejects_empty_input():
         plot_scores({"a": {"BNN": (0.0, 1.0)}, "b": {}})
     with pytest.raises(ValueError, match="columns"):
         plot_scores({"a": {"BNN": (0.0, 1.0)}}, columns=0)
+
+
+def test_plot_posterior_summary_draws_a_row_per_site_and_writes_a_png(tmp_path):
+    import pyro
+
+    import pyro_bbb as bbb
+
+    pyro.set_rng_seed(0)
+    x = torch.randn(8, 2)
+    model = bbb.BNN(bbb.mlp([2, 3, 1]), bbb.likelihoods.Gaussian(0.1), num_data=8)
+    ensemble = bbb.Ensemble(model, bbb.MeanFieldGuide, k=2)
+    ensemble(x)
+    table = bbb.posterior_summary(model, ensemble, x, by="layer")
+    path = tmp_path / "posterior.png"
+    figure = plot_posterior_summary(table, title="posterior", path=path)
+    assert isinstance(figure, Figure)
+    _assert_png(path)
+    spread, ratio, share = figure.axes
+    assert ratio.get_xlabel() == "signal-to-noise |μ| / σ"
+    labels = [label.get_text() for label in spread.get_yticklabels()]
+    assert labels == ["0 / 0", "0 / 2", "1 / 0", "1 / 2"]
+    assert spread.get_xscale() == "log"
+    assert [text.get_text()[:3] for text in share.texts] == ["KL "] * 4
+    with pytest.raises(ValueError, match="must be a posterior_summary table"):
+        plot_posterior_summary(table.drop(columns="kl"))

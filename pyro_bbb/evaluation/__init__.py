@@ -1,7 +1,12 @@
 """Judging a posterior: ArviZ export, diagnostics, distances and the VI-versus-NUTS report.
 
 * :mod:`~pyro_bbb.evaluation.inference_data`: :func:`to_inference_data` for guides and NUTS
-  alike, one schema;
+  alike, one schema, at the size of a real network: the sites and units asked for
+  (:mod:`~pyro_bbb.evaluation.selection`, ArviZ's ``var_names``, ``filter_vars`` and
+  ``coords``), drawn in bounded memory (:mod:`~pyro_bbb.evaluation.draws`);
+* :mod:`~pyro_bbb.evaluation.posterior_table`: :func:`posterior_summary`, a Gaussian
+  guide's posterior by site or layer from its parameters (σ, signal-to-noise, KL, the share
+  at the prior);
 * :mod:`~pyro_bbb.evaluation.diagnostics`: :func:`psis_khat` for a guide,
   :func:`effective_sample_size` and :func:`r_hat` for NUTS, by weight, and
   :func:`function_space_diagnostics` on the network's output;
@@ -23,6 +28,7 @@ from .diagnostics import (
 )
 from .distances import label_set_coverage, top1_agreement, total_variation, wasserstein2
 from .inference_data import to_inference_data
+from .posterior_table import posterior_summary
 
 __all__ = [
     "Comparison",
@@ -31,6 +37,7 @@ __all__ = [
     "effective_sample_size",
     "function_space_diagnostics",
     "label_set_coverage",
+    "posterior_summary",
     "psis_khat",
     "r_hat",
     "to_inference_data",

@@ -226,9 +226,8 @@ def compare(
         else:
             assert isinstance(pred, ClassificationPrediction)
             columns["accuracy"].append(metrics.accuracy(pred.probs, y_test))
-            columns["coverage_95"].append(
-                label_set_coverage(pred.probs, y_test, 0.95, binary=pred.binary)
-            )
+            # a binary prediction's probs have both classes, as a Categorical's
+            columns["coverage_95"].append(label_set_coverage(pred.probs, y_test, 0.95))
         columns["wall_time_s"].append(seconds)
         if nuts:
             ess = torch.cat([v.reshape(-1) for v in effective_sample_size(posterior).values()])
@@ -246,9 +245,8 @@ def compare(
         pointwise = {"w2": w2}
         columns["w2_mean"] = [float(w2.mean())] * 2
     else:
-        binary = preds[0].binary
-        tv = total_variation(preds[0].probs, preds[1].probs, binary=binary)
-        agreement = top1_agreement(preds[0].probs, preds[1].probs, binary=binary)
+        tv = total_variation(preds[0].probs, preds[1].probs)
+        agreement = top1_agreement(preds[0].probs, preds[1].probs)
         pointwise = {"tv": tv, "agreement": agreement}
         columns["tv_mean"] = [float(tv.mean())] * 2
         columns["top1_agreement"] = [float(agreement.mean())] * 2

@@ -22,7 +22,9 @@ import torch
 from .._validation import check_int
 from ..infer import Ensemble
 from ..infer.mcmc import NUTSResult
-from .inference_data import numpy_of, posterior_draws, site_dims
+from .draws import posterior_draws
+from .inference_data import numpy_of
+from .selection import site_dims
 
 __all__ = [
     "FunctionSpaceDiagnostics",
@@ -81,9 +83,11 @@ def psis_khat(
     if seed is not None:
         pyro.set_rng_seed(seed)
     chains = None if isinstance(guide, Ensemble) else 1  # the tail fit reads the draws flat
-    draws = posterior_draws(model, guide, x, y, num_samples=num_samples, num_chains=chains)
-    log_joint = draws.log_prior + draws.pointwise_log_likelihood(y).sum(-1)
-    log_ratio = (log_joint - draws.log_q).reshape(-1).double()
+    draws = posterior_draws(
+        model, guide, x, y, num_samples=num_samples, num_chains=chains, sites=[],
+        log_likelihood=False,
+    )  # fmt: skip
+    log_ratio = (draws.log_joint - draws.log_q).reshape(-1).double()
     if not torch.isfinite(log_ratio).all():
         raise ValueError("log p(y, w) - log q(w) is not finite for some draws")
     import arviz as az
@@ -140,8 +144,8 @@ class FunctionSpaceDiagnostics:
 
     Attributes:
         ess: Bulk ESS of each output, pooled over chains: ``(batch[, dim])`` for regression
-            (the mean of ``y`` under each draw), ``(batch, classes)`` or ``(batch[, dim])``
-            for classification (the class probabilities).
+            (the mean of ``y`` under each draw), ``(batch[, dim], classes)`` for
+            classification (the class probabilities; two classes for a Bernoulli model).
         r_hat: Rank-normalised split R̂ of each output, same shape.
         chain_means: Each chain's posterior mean of each output, ``(num_chains, *shape)``:
             chains that settled in different function-space modes show here.

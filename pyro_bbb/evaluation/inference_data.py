@@ -1,43 +1,40 @@
-r"""ArviZ export for VI and NUTS with one schema, and the weight draws it is made from.
+r"""ArviZ export for VI and NUTS with one schema, at the size of a real network.
 
 :func:`to_inference_data` turns a trained guide (``S`` draws) or a
 :class:`~pyro_bbb.infer.mcmc.NUTSResult` into ArviZ ``InferenceData`` through one code path
-(``az.from_dict``): the weight draws are replayed through the model, vectorised over draws
-(:func:`posterior_draws`), to give the pointwise log-likelihood and posterior predictive on
-the data given. This module draws no figures; ArviZ (which imports matplotlib) is imported
-on first use, so ``import pyro_bbb`` stays light.
+(``az.from_dict``). It reads a selection as ArviZ does (``var_names``, ``filter_vars``,
+``coords``; :mod:`~pyro_bbb.evaluation.selection`), draws only what it keeps
+(:func:`~pyro_bbb.evaluation.draws.posterior_draws`, in slices of draws and rows), leaves out
+on request the groups that grow with the data (``log_likelihood``, ``posterior_predictive``),
+and before drawing anything refuses an export larger than ``max_bytes`` (1 GB), saying how
+large it would be and what to pass (:func:`export_bytes`). This module draws no figures;
+ArviZ (which imports matplotlib) is imported on first use, so ``import pyro_bbb`` stays light.
 """
 
 from __future__ import annotations
 
 import warnings
 import weakref
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyro
-import pyro.distributions as dist
-import pyro.poutine as poutine
 import torch
-from pyro.poutine.util import site_is_subsample
 
 from .._validation import check_int
-from ..infer import Ensemble
-from ..infer.mcmc import NUTSResult, replay_nuts
-from ..infer.sites import model_in_plates
+from ..infer.mcmc import NUTSResult
 from ..training import ConvergenceWarning
+from .draws import VI_CHAINS, model_sites, posterior_draws
+from .selection import DATA_DIM, select_coords, select_sites, site_dims
 
 if TYPE_CHECKING:
     import arviz as az
 
-__all__ = ["Draws", "posterior_draws", "site_dims", "to_inference_data"]
+__all__ = ["MAX_BYTES", "export_bytes", "to_inference_data", "warn_if_stopped_on_predictive"]
 
-#: Name of the plate over draws (placed left of the model's plates).
-_DRAWS_PLATE = "_draws"
-#: Chains a guide's independent draws are split into by default.
-VI_CHAINS = 4
+#: The largest export :func:`to_inference_data` builds unless told otherwise (1 GB).
+MAX_BYTES = 1e9
 
 
 #: The guides already warned that their fit stopped on the predictive (each is warned once).
@@ -78,175 +75,81 @@ def warn_if_stopped_on_predictive(posterior: Any, where: str) -> None:
     )
 
 
-@dataclass(frozen=True)
-class Draws:
-    r"""Weight draws of a posterior, replayed through a model.
-
-    Attributes:
-        values: ``{site: (num_chains, num_draws, *site shape)}`` of the sampled sites.
-        obs_fn: The observation site's distribution under every draw, batch shape
-            ``(num_chains * num_draws, batch)``.
-        log_prior: :math:`\log p(w)` per draw, ``(num_chains, num_draws)``.
-        log_q: :math:`\log q(w)` per draw for a guide, else ``None`` (for an ensemble, the
-            density of the mixture of its members).
-        draws_first: Whether ``obs_fn``'s batch runs over ``(draws, chains)`` (an ensemble)
-            rather than ``(chains · draws)``.
-    """
-
-    values: dict[str, torch.Tensor]
-    obs_fn: dist.TorchDistribution
-    log_prior: torch.Tensor
-    log_q: torch.Tensor | None
-    draws_first: bool = False
-
-    @property
-    def shape(self) -> tuple[int, int]:
-        """``(num_chains, num_draws)``."""
-        return tuple(self.log_prior.shape)
-
-    def per_chain(self, t: torch.Tensor, event_dims: int = 0) -> torch.Tensor:
-        """A tensor whose leading dims run over every draw, as ``(chains, draws, ...)``.
-
-        Draws come chain-major, or draw-major (``draws_first``: an ensemble's draws of each
-        member, ``(draws, members, ...)``).
-        """
-        chains, draws = self.shape
-        rest = t.shape[t.dim() - event_dims :] if event_dims else ()
-        if self.draws_first:
-            return t.reshape(draws, chains, *rest).transpose(0, 1)
-        return t.reshape(chains, draws, *rest)
-
-    def pointwise_log_likelihood(self, y: torch.Tensor) -> torch.Tensor:
-        r""":math:`\log p(y_i \mid w_s)` per draw and point, ``(num_chains, num_draws, batch)``."""
-        y = y.to(self.obs_fn.mean.dtype) if not torch.is_floating_point(y) else y
-        if isinstance(self.obs_fn, dist.Categorical):
-            y = y.long()
-        log_p = self.obs_fn.log_prob(y)
-        return self.per_chain(log_p, 1)
-
-
-@torch.no_grad()
-def posterior_draws(
-    model: Callable[..., Any],
-    posterior: Callable[..., Any] | NUTSResult,
-    x: torch.Tensor,
-    y: torch.Tensor | None = None,
-    *,
-    num_samples: int = 125,
-    num_chains: int | None = None,
-) -> Draws:
-    """Draw weights from a guide (or take a NUTS result's) and replay them through the model.
-
-    Vectorised over draws: one ``pyro.plate`` of all draws left of the model's plates. A
-    guide's draws are independent, so splitting them into chains is only a reshape; it lets
-    ArviZ's R̂ and ESS, which need at least two chains, read them as they read MCMC's.
-
-    Args:
-        model: The model, e.g. a :class:`~pyro_bbb.BNN`.
-        posterior: A trained guide or a :class:`~pyro_bbb.infer.mcmc.NUTSResult`.
-        x: Inputs ``(batch, *features)``.
-        y: Targets, or ``None``; only passed on to the model (which checks them).
-        num_samples: Draws per chain from a guide (per member, for an ensemble); a NUTS
-            result uses all its draws.
-        num_chains: Chains of a guide's draws (``None``: 4). An ensemble's chains are its
-            members and a NUTS result's its own: ``None`` or their number.
-
-    Returns:
-        :class:`Draws` with ``num_chains`` chains of ``num_samples`` draws for a guide, one
-        chain per member for an :class:`~pyro_bbb.infer.Ensemble`, the result's chains for
-        NUTS.
-
-    Raises:
-        ValueError: If ``num_samples`` or ``num_chains`` is not a positive int, or
-            ``num_chains`` differs from an ensemble's members or a NUTS result's chains.
-    """
-    observed = getattr(model, "observation_site", "obs")
-    ensemble = isinstance(posterior, Ensemble)
-    check_int("num_chains", num_chains, optional=True)
-    if isinstance(posterior, NUTSResult):
-        chains, draws = posterior.num_chains, posterior.num_samples
-        _check_chains(num_chains, chains, "the NUTS result's chains")
-        replayed_model, guide = replay_nuts(model, posterior)
-        log_q = None
-    else:
-        draws = check_int("num_samples", num_samples)
-        if ensemble:
-            chains = _check_chains(num_chains, posterior.num_members, "the ensemble's members")
-        else:
-            chains = VI_CHAINS if num_chains is None else num_chains
-        guide, replayed_model = posterior, model
-    replayed_model, nesting = model_in_plates(replayed_model, guide)
-    nesting = nesting or 1
-    # an ensemble's members are its chains, drawn by its own plate right of the draws'
-    size = draws if ensemble else chains * draws
-    plate = pyro.plate(_DRAWS_PLATE, size, dim=-(nesting + 1))
-    # The model checks y against its likelihood, but refuses more rows than num_data (a
-    # minibatch of the training set); a larger test set is run without y and checked here.
-    num_data = getattr(model, "num_data", None)
-    y_model = None if num_data is not None and x.shape[0] > num_data else y
-    guide_trace = poutine.trace(plate(guide)).get_trace(x, y_model)
-    model_trace = poutine.trace(poutine.replay(plate(replayed_model), trace=guide_trace)).get_trace(
-        x, y_model
-    )
-    shaped = Draws({}, None, torch.empty(chains, draws), None, draws_first=ensemble)
-    if ensemble:
-        log_q = shaped.per_chain(posterior.mixture_log_prob(guide_trace))
-    elif not isinstance(posterior, NUTSResult):
-        log_q = torch.zeros(chains * draws, dtype=x.dtype, device=x.device)
-        for site in guide_trace.nodes.values():
-            if site["type"] == "sample" and not site["is_observed"] and not site_is_subsample(site):
-                log_q = log_q + _per_draw(site["fn"].log_prob(site["value"]), chains * draws)
-        log_q = log_q.reshape(chains, draws)
-    values, log_prior = {}, 0.0
-    for name, site in model_trace.iter_stochastic_nodes():
-        if name == observed or site_is_subsample(site) or site["is_observed"]:
-            continue
-        value = site["value"]
-        event = site["fn"].event_dim
-        values[name] = shaped.per_chain(value, event)
-        log_prior = log_prior + _per_draw(site["fn"].log_prob(value), chains * draws)
-    if isinstance(posterior, NUTSResult) and posterior.noise == "prior":
-        values[posterior.noise_site] = posterior.samples[posterior.noise_site]
-    obs_fn = model_trace.nodes[observed]["fn"]
-    expected = obs_fn.batch_shape[-1:] + obs_fn.event_shape
-    if y is not None and y.shape != expected:
-        raise ValueError(f"y must have shape {tuple(expected)} for x, got {tuple(y.shape)}")
-    log_prior = shaped.per_chain(torch.as_tensor(log_prior))
-    return Draws(values, obs_fn, log_prior, log_q, draws_first=ensemble)
-
-
-def _check_chains(num_chains: int | None, chains: int, what: str) -> int:
-    """``chains``, after checking that ``num_chains`` is ``None`` or equal to it."""
-    if num_chains is not None and num_chains != chains:
-        raise ValueError(
-            f"num_chains={num_chains} but the chains are {what} ({chains}); pass "
-            f"num_chains=None or {chains}"
-        )
-    return chains
-
-
-def _per_draw(log_prob: torch.Tensor, num: int) -> torch.Tensor:
-    """A log-density of shape ``(S, 1, ...)`` summed to ``(S,)``."""
-    return log_prob.reshape(num, -1).sum(-1)
-
-
-def site_dims(name: str, shape: torch.Size) -> list[str]:
-    """Named dims of a site.
-
-    A layer's weight ``(out, in[, kh, kw])`` and bias ``(out,)`` share ``"<layer>.out"``;
-    other sites get ``"<site>_dim_<i>"``.
-    """
-    layer, _, param = name.rpartition(".")
-    prefix = f"{layer}." if layer else ""
-    if param == "weight" and len(shape) in (2, 4):
-        return [f"{prefix}out", f"{prefix}in", f"{prefix}kh", f"{prefix}kw"][: len(shape)]
-    if param == "bias" and len(shape) == 1:
-        return [f"{prefix}out"]
-    return [f"{name}_dim_{i}" for i in range(len(shape))]
-
-
 def numpy_of(t: torch.Tensor) -> np.ndarray:
     return t.detach().cpu().numpy()
+
+
+def export_bytes(
+    sites: Mapping[str, tuple[Sequence[int], torch.dtype]],
+    num_draws: int,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    log_likelihood: bool = True,
+    posterior_predictive: bool = True,
+) -> dict[str, int]:
+    """The bytes each group of an export holds, before anything is drawn.
+
+    Args:
+        sites: ``{site: (shape kept, dtype)}`` of the posterior's variables.
+        num_draws: Chains × draws.
+        x: The rows' inputs.
+        y: Their targets.
+        log_likelihood: Whether the export holds the pointwise log-likelihood.
+        posterior_predictive: Whether it holds the posterior predictive.
+
+    Returns:
+        ``{group: bytes}``: ``"posterior"``, and where asked ``"log_likelihood"``
+        (``num_draws × rows`` of the weights' dtype), ``"posterior_predictive"`` (of ``y``'s
+        element size), and with either of those ``"observed_data"`` and ``"constant_data"``.
+    """
+    itemsize = max((dtype.itemsize for _, dtype in sites.values()), default=4)
+    sizes = {
+        "posterior": num_draws
+        * sum(int(np.prod(shape)) * dtype.itemsize for shape, dtype in sites.values())
+    }
+    if log_likelihood:
+        sizes["log_likelihood"] = num_draws * y.shape[0] * itemsize
+    if posterior_predictive:
+        sizes["posterior_predictive"] = num_draws * y.numel() * y.element_size()
+    if log_likelihood or posterior_predictive:
+        sizes["observed_data"] = y.numel() * y.element_size()
+        sizes["constant_data"] = x.numel() * x.element_size()
+    return sizes
+
+
+def _size(num_bytes: float) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if num_bytes >= scale:
+            return f"{num_bytes / scale:.3g} {unit}"
+    return f"{num_bytes:.0f} B"
+
+
+def _refuse(
+    sizes: Mapping[str, int],
+    sites: Mapping[str, tuple[Sequence[int], torch.dtype]],
+    num_draws: int,
+    var_names: Any,
+    max_bytes: float,
+) -> None:
+    """Raise, saying how large the export would be, where, and what to pass."""
+    by_layer: dict[str, int] = {}
+    for name, (shape, dtype) in sites.items():
+        layer = name.rpartition(".")[0] or name
+        by_layer[layer] = by_layer.get(layer, 0) + num_draws * int(np.prod(shape)) * dtype.itemsize
+    largest = sorted(by_layer.items(), key=lambda item: -item[1])[:6]
+    layers = ", ".join(f"{layer!r} {_size(b)}" for layer, b in largest)
+    groups = ", ".join(f"{group} {_size(b)}" for group, b in sizes.items())
+    raise ValueError(
+        f"to_inference_data would build {_size(sum(sizes.values()))}, above max_bytes="
+        f"{max_bytes:g} ({groups}; var_names={var_names!r}: {len(sites)} sites, "
+        f"{sum(int(np.prod(s)) for s, _ in sites.values()):,} values a draw over "
+        f"{num_draws:,} draws; by layer: {layers}). Pass var_names= for some sites (a "
+        f"layer's by its name, e.g. var_names={largest[-1][0]!r}) or coords= for some of "
+        "their units, log_likelihood=False and posterior_predictive=False to leave out what "
+        "grows with the rows (or pass fewer rows), a smaller num_samples, or max_bytes=None "
+        "to build it anyway"
+    )
 
 
 def to_inference_data(
@@ -255,8 +158,15 @@ def to_inference_data(
     x: torch.Tensor,
     y: torch.Tensor,
     *,
+    var_names: str | Sequence[str] | None = None,
+    filter_vars: str | None = None,
+    coords: Mapping[str, Any] | None = None,
+    log_likelihood: bool = True,
+    posterior_predictive: bool = True,
     num_samples: int = 125,
     num_chains: int | None = None,
+    batch_size: int | None = None,
+    max_bytes: float | None = MAX_BYTES,
     seed: int | None = None,
 ) -> az.InferenceData:
     r"""ArviZ ``InferenceData`` of a guide or a NUTS result, one schema for both.
@@ -265,18 +175,32 @@ def to_inference_data(
     ``num_chains`` chains (4 by default) of ``num_samples`` draws, an
     :class:`~pyro_bbb.infer.Ensemble` is one chain of ``num_samples`` draws per member):
 
-    * ``posterior``: every sampled site by its name (``"0.weight"`` ``(C, S, out, in)``
-      with dims ``("0.out", "0.in")``; a layer's weight and bias share ``"<layer>.out"``);
-      a noise scale NUTS sampled appears as ``"likelihood.scale"``.
-    * ``posterior_predictive``: ``"obs"`` ``(C, S, data[, obs_dim])`` drawn from the
-      likelihood under each draw at ``x``.
-    * ``log_likelihood``: ``"obs"`` ``(C, S, data)``, :math:`\log p(y_i \mid w_s)` on the
-      data given (what ``az.loo`` and ``az.waic`` read).
-    * ``observed_data``: ``"obs"`` = ``y``; ``constant_data``: ``"x"``.
+    * ``posterior``: the sampled sites ``var_names`` selects, by name (``"0.weight"``
+      ``(C, S, out, in)`` with dims ``("0.out", "0.in")``; a layer's weight and bias share
+      ``"<layer>.out"``); a noise scale NUTS sampled appears as ``"likelihood.scale"``.
+    * ``posterior_predictive`` (unless ``posterior_predictive=False``): ``"obs"``
+      ``(C, S, data[, obs_dim])`` drawn from the likelihood under each draw at ``x``.
+    * ``log_likelihood`` (unless ``log_likelihood=False``): ``"obs"`` ``(C, S, data)``,
+      :math:`\log p(y_i \mid w_s)` on the data given (what ``az.loo`` and ``az.waic`` read).
+    * ``observed_data``: ``"obs"`` = ``y``; ``constant_data``: ``"x"``, with either of the
+      two groups above.
     * ``sample_stats``: for NUTS the sampler's ``lp``, ``diverging``, ``tree_depth``,
-      ``n_steps``, ``step_size``, ``acceptance_rate`` (on its training data); for a guide
-      ``lp`` = :math:`\log p(y, w_s)` on the data given and ``log_q`` =
-      :math:`\log q(w_s)`.
+      ``n_steps``, ``step_size``, ``acceptance_rate`` (on its training data); for a guide,
+      with either data group, ``lp`` = :math:`\log p(y, w_s)` on the data given and
+      ``log_q`` = :math:`\log q(w_s)` of every site.
+
+    **At the size of a real network.** A 784-400-400-10 network has 478,410 weights: 500
+    draws of all of them are 957 MB, and ``az.summary`` of them runs for many minutes. So the
+    selection is read as ``az.summary`` reads it, before drawing: ``var_names="1"`` exports
+    layer ``1``'s sites, ``coords={"1.out": [0, 1, 2]}`` three of its units; a guide that
+    draws site by site (mean-field, point masses, their ensembles) then draws those alone
+    when no data group is asked. The data groups grow with the rows (``C·S`` values a row,
+    and ``x`` itself): leave them out with ``log_likelihood=False`` and
+    ``posterior_predictive=False``, or pass fewer rows (``x[:1000], y[:1000]``, or
+    ``coords={"data": ...}``). Whatever is asked is drawn a slice of draws and rows at a time
+    in bounded memory, and an export above ``max_bytes`` is refused before anything is drawn,
+    with its size by group and layer and what to pass. Values stay float32 (the weights'
+    dtype).
 
     With at least two chains, ``az.summary``, ``az.ess`` and ``az.rhat`` run on a guide's
     export as on NUTS's. For a guide R̂ is 1 up to the noise of the split (its draws are
@@ -290,10 +214,25 @@ def to_inference_data(
         posterior: A trained guide or a :class:`~pyro_bbb.infer.mcmc.NUTSResult`.
         x: Inputs ``(batch, *features)``: the training set or any other, e.g. a test set.
         y: Targets ``(batch[, dim])``.
+        var_names: The sites to export, as ArviZ reads them
+            (:func:`~pyro_bbb.evaluation.selection.select_sites`): a name or list of names of
+            sites or layers (``"fc1"`` for ``"fc1.weight"`` and ``"fc1.bias"``), or names to
+            leave out, each with ``"~"``. ``None``: every site.
+        filter_vars: ``None`` (exact names and layers), ``"like"`` (substrings) or
+            ``"regex"`` (regular expressions), as in ArviZ.
+        coords: ``{dim: indices}`` of the units to keep, as ``az.summary``'s ``coords``
+            select them (not ``az.from_dict``'s, which label them): ``{"0.out": [3, 7]}``
+            keeps units 3 and 7 of layer ``0`` (its weights' rows and its biases), labelled
+            3 and 7; ``{"data": range(1000)}`` keeps the first 1,000 rows.
+        log_likelihood: Whether to build the ``log_likelihood`` group.
+        posterior_predictive: Whether to build the ``posterior_predictive`` group.
         num_samples: Draws per chain from a guide, per member from an ensemble (ignored
             for NUTS, which uses all its draws).
         num_chains: Chains of a guide's draws; ``None`` takes 4. An ensemble's chains are
             its members and a NUTS result's its own: ``None`` or their number.
+        batch_size: Rows per pass of the model (``None``: as many as hold about 256 MiB of
+            activations; see :func:`~pyro_bbb.predict`).
+        max_bytes: The largest export to build, in bytes (``None``: no limit).
         seed: Seed for the guide draws and predictive draws.
 
     Returns:
@@ -305,33 +244,72 @@ def to_inference_data(
             posterior's; ``until="converged"`` is the run to export.
 
     Raises:
-        ValueError: As :func:`posterior_draws`.
+        ValueError: If the export would hold more than ``max_bytes`` (the message gives its
+            size by group and layer, and what to pass); on a bad selection (as
+            :func:`~pyro_bbb.evaluation.selection.select_sites` and
+            :func:`~pyro_bbb.evaluation.selection.select_coords`); as
+            :func:`~pyro_bbb.evaluation.draws.posterior_draws`.
+        KeyError: If a name in ``var_names`` or a dim in ``coords`` matches nothing.
     """
     warn_if_stopped_on_predictive(posterior, "to_inference_data")
+    check_int("num_samples", num_samples)
+    check_int("num_chains", num_chains, optional=True)
+    latent = model_sites(model, x, posterior)
+    kept = select_sites(var_names, list(latent), filter_vars)
+    dims = {name: site_dims(name, latent[name][0]) for name in kept}
+    sizes = {dim: n for name in kept for dim, n in zip(dims[name], latent[name][0], strict=True)}
+    chosen = select_coords(coords, {**sizes, DATA_DIM: x.shape[0]})
+    rows = chosen.pop(DATA_DIM, None)
+    if rows is not None:
+        x, y = x[rows.to(x.device)], y[rows.to(y.device)]
+    shapes = {
+        name: ([len(chosen.get(d, range(n))) for d, n in zip(dims[name], shape, strict=True)], dt)
+        for name in kept
+        for shape, dt in [latent[name]]
+    }
+    num_draws = _num_draws(posterior, num_samples, num_chains)
+    size = export_bytes(
+        shapes, num_draws, x, y,
+        log_likelihood=log_likelihood, posterior_predictive=posterior_predictive,
+    )  # fmt: skip
+    if max_bytes is not None and sum(size.values()) > max_bytes:
+        _refuse(size, shapes, num_draws, var_names, max_bytes)
     if seed is not None:
         pyro.set_rng_seed(seed)
-    draws = posterior_draws(model, posterior, x, y, num_samples=num_samples, num_chains=num_chains)
+    data = log_likelihood or posterior_predictive
+    draws = posterior_draws(
+        model, posterior, x, y if data else None,
+        num_samples=num_samples, num_chains=num_chains, sites=kept, coords=chosen,
+        log_likelihood=log_likelihood, predictive=posterior_predictive, batch_size=batch_size,
+    )  # fmt: skip
     observed = getattr(model, "observation_site", "obs")
-    dims = {name: site_dims(name, value.shape[2:]) for name, value in draws.values.items()}
-    with torch.no_grad():
-        predictive = draws.obs_fn.sample()
-    predictive = draws.per_chain(predictive, y.dim())
-    data_dims = ["data"] + (["obs_dim"] if y.dim() > 1 else [])
-    dims[observed] = data_dims
-    dims["x"] = ["data"] + [f"x_dim_{i}" for i in range(x.dim() - 1)]
+    groups: dict[str, Any] = {"posterior": {k: numpy_of(v) for k, v in draws.values.items()}}
+    data_dims = [DATA_DIM] + (["obs_dim"] if y.dim() > 1 else [])
+    if posterior_predictive:
+        groups["posterior_predictive"] = {observed: numpy_of(draws.predictive)}
+    if log_likelihood:
+        groups["log_likelihood"] = {observed: numpy_of(draws.log_likelihood)}
+    if data:
+        groups["observed_data"] = {observed: numpy_of(y)}
+        groups["constant_data"] = {"x": numpy_of(x)}
+        dims[observed] = data_dims
+        dims["x"] = [DATA_DIM] + [f"x_dim_{i}" for i in range(x.dim() - 1)]
     if isinstance(posterior, NUTSResult):
-        stats = {k: numpy_of(v) for k, v in posterior.sample_stats.items()}
-    else:
-        lp = draws.log_prior + draws.pointwise_log_likelihood(y).sum(-1)
-        stats = {"lp": numpy_of(lp), "log_q": numpy_of(draws.log_q)}
+        groups["sample_stats"] = {k: numpy_of(v) for k, v in posterior.sample_stats.items()}
+    elif draws.total_log_likelihood is not None:
+        groups["sample_stats"] = {"lp": numpy_of(draws.log_joint), "log_q": numpy_of(draws.log_q)}
+    labels = {dim: index.tolist() for dim, index in chosen.items()}
+    if rows is not None and data:
+        labels[DATA_DIM] = rows.tolist()
     import arviz as az
 
-    return az.from_dict(
-        posterior={k: numpy_of(v) for k, v in draws.values.items()},
-        posterior_predictive={observed: numpy_of(predictive)},
-        log_likelihood={observed: numpy_of(draws.pointwise_log_likelihood(y))},
-        observed_data={observed: numpy_of(y)},
-        constant_data={"x": numpy_of(x)},
-        sample_stats=stats,
-        dims=dims,
-    )
+    return az.from_dict(**groups, dims=dims, coords=labels or None)
+
+
+def _num_draws(posterior: object, num_samples: int, num_chains: int | None) -> int:
+    """Chains × draws an export of ``posterior`` holds (checked again when drawing)."""
+    if isinstance(posterior, NUTSResult):
+        return posterior.num_chains * posterior.num_samples
+    members = getattr(posterior, "num_members", None)
+    chains = members if members is not None else (num_chains or VI_CHAINS)
+    return chains * num_samples

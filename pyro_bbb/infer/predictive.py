@@ -31,6 +31,7 @@ import torch
 
 from .. import metrics
 from .._heap import kept_heap
+from .._support import independent_base
 from .._validation import (
     check_choice,
     check_finite_tensor,
@@ -42,6 +43,7 @@ from ..model import BNN
 from .linearised import check_gaussian_draws, linearised_outputs
 from .reparam import estimator
 from .sites import model_in_plates
+from .slices import Concatenation, ModelReplay
 
 __all__ = ["ClassificationPrediction", "Prediction", "RegressionPrediction", "predict"]
 
@@ -163,6 +165,15 @@ class ClassificationPrediction(Prediction):
     log-probabilities stay exact where probabilities round to 0 or 1 (a confident error of
     200 nats is reported as 200, not as the 27.6 nats of a probability clamped at 1e-12).
 
+    **One convention for both likelihoods**: :attr:`probs`, :attr:`log_probs`,
+    :attr:`probs_samples` and :attr:`log_probs_samples` end with a dim over the classes, two
+    for a Bernoulli likelihood (``[y = 0, y = 1]``), so ``probs`` is ``log_probs.exp()`` and
+    ``predicted`` its ``argmax`` for either. :mod:`pyro_bbb.metrics` takes them as they are
+    (its functions also take a binary :math:`p(y=1)` ``(batch,)`` of your own). Two columns,
+    not :math:`p(y=1)` alone, because :math:`\log p(y=0)` cannot be recovered from
+    :math:`\log p(y=1)` once :math:`p(y=1)` rounds to 1: the log-probabilities need both,
+    and the probabilities follow them. ``probs[..., 1]`` is :math:`p(y=1)`.
+
     Attributes:
         samples: Draws of the labels, ``(num_samples, batch[, dim])``.
         logits_samples: The logits under each weight sample: ``(num_samples, batch,
@@ -191,16 +202,20 @@ class ClassificationPrediction(Prediction):
 
     @property
     def probs_samples(self) -> torch.Tensor:
-        """Class probabilities under each weight sample, shaped as :attr:`logits_samples`."""
+        """Class probabilities under each weight sample, ``(num_samples, batch[, dim], classes)``.
+
+        Binary predictions have the two classes ``[p(y=0), p(y=1)]`` as the last dim.
+        """
         if self.binary:
-            return torch.sigmoid(self.logits_samples)
+            logits = self.logits_samples
+            return torch.sigmoid(torch.stack([-logits, logits], -1))
         return torch.softmax(self.logits_samples, -1)
 
     @property
     def log_probs_samples(self) -> torch.Tensor:
         """Log-probabilities under each weight sample, ``(num_samples, batch[, dim], classes)``.
 
-        Binary predictions get the two classes ``[log p(y=0), log p(y=1)]`` as the last dim.
+        Binary predictions have the two classes ``[log p(y=0), log p(y=1)]`` as the last dim.
         """
         if self.binary:
             logits = self.logits_samples
@@ -209,7 +224,7 @@ class ClassificationPrediction(Prediction):
 
     @property
     def probs(self) -> torch.Tensor:
-        """Mean predictive probabilities, ``(batch, classes)`` or ``(batch[, dim])``."""
+        """Mean predictive probabilities, ``(batch[, dim], classes)``; binary: two classes."""
         return self.probs_samples.mean(0)
 
     @property
@@ -225,7 +240,7 @@ class ClassificationPrediction(Prediction):
     @property
     def predicted(self) -> torch.Tensor:
         """The most probable label per point, ``(batch[, dim])``."""
-        return (self.probs > 0.5).long() if self.binary else self.probs.argmax(-1)
+        return self.probs.argmax(-1)
 
     @staticmethod
     def _entropy(log_p: torch.Tensor) -> torch.Tensor:
@@ -285,7 +300,8 @@ def predict(
     r"""Monte Carlo predictive distribution at ``x``, vectorised over weight samples.
 
     The guide is drawn once, ``num_samples`` times in one pass; the model is replayed on
-    those weights for each chunk of ``x`` (so chunks share the same weight samples).
+    those weights for each slice of the rows of ``x`` (so slices share the same weight
+    samples), slices sized by the memory their activations take (``batch_size``).
 
     ``predictive="linearised"`` gives the linearised (GLM) predictive of a Gaussian guide
     instead (Immer, Korzepa and Bauer 2021; :mod:`~pyro_bbb.infer.linearised`): the network
@@ -314,9 +330,17 @@ def predict(
             ``"local"`` each point gets its own weight draw, so samples are not joint
             functions across points; for MLPs the marginal predictive per point is the same,
             for conv nets it is approximate (see :mod:`pyro_bbb.infer.reparam`). ``None`` is exact.
-        batch_size: Evaluate ``x`` in chunks of this many rows to bound memory. On the CPU,
-            with ``PYRO_BBB_KEEP_HEAP=1``, the chunks reuse the memory the previous one
-            freed (glibc; as in :func:`~pyro_bbb.fit`).
+        batch_size: Rows of ``x`` per pass. ``None`` sizes the passes by memory: a probe on
+            two rows counts the activations a row takes at ``num_samples`` draws (what the
+            network's modules return), and each pass takes as many rows as hold about
+            :data:`~pyro_bbb.infer.slices.SLICE_BYTES` (256 MiB), so memory does not grow
+            with ``len(x)`` (a LeNet-5 at 50 draws: about 90 images a pass). Give a number
+            for larger passes (a GPU) or smaller ones. The passes share the guide's draws and
+            the targets are drawn once from every row's distribution, so the prediction is
+            the same for any ``batch_size`` (to floating-point rounding of the network, in
+            practice bit for bit), except under ``reparam="local"``/``"flipout"``, whose noise
+            is drawn pass by pass. On the CPU, with ``PYRO_BBB_KEEP_HEAP=1``, the passes
+            reuse the memory the previous one freed (glibc; as in :func:`~pyro_bbb.fit`).
         seed: Seed for Pyro and torch.
 
     Returns:
@@ -326,6 +350,8 @@ def predict(
         ValueError: On bad options, or inputs with NaN/inf or that the model refuses; for
             ``"linearised"``, on a guide whose draws are not Gaussian, an ensemble, or a
             ``reparam``.
+        NotImplementedError: For a likelihood other than a Normal, Categorical or
+            Bernoulli one.
     """
     if predictive is None:
         predictive = getattr(guide, "default_predictive", "sample")
@@ -342,22 +368,26 @@ def predict(
         _check_linearisable(model, guide, reparam)
     observed = getattr(model, "observation_site", "obs")
     members = getattr(guide, "num_members", 1)
+    module = model if isinstance(model, torch.nn.Module) else None
     model, nesting = model_in_plates(model, guide)
     plate = pyro.plate("predictive_samples", num_samples, dim=-((nesting or 1) + 1))
-    chunks = [x] if batch_size is None else list(torch.split(x, batch_size))
-    parts: list[dist.TorchDistribution] = []
-    draws: list[torch.Tensor] = []
-    # asked to, chunks on the CPU reuse the memory the last one freed (see pyro_bbb._heap)
-    with estimator(reparam)(), kept_heap(len(chunks) > 1 and x.device.type == "cpu"):
+    with estimator(reparam)():
         guide_trace = poutine.trace(plate(guide)).get_trace(x)
-        if predictive == "linearised":
-            return _linearised(model, guide, guide_trace, chunks, num_samples)
-        for chunk in chunks:
-            trace = poutine.trace(poutine.replay(plate(model), trace=guide_trace)).get_trace(chunk)
-            site = trace.nodes[observed]
-            parts.append(site["fn"])
-            draws.append(site["value"])
-    return _summarise(parts, draws, num_samples * members)
+        replay = ModelReplay(model, guide_trace, plate, observed, module)
+        if batch_size is None:
+            # the linearised pass carries a tangent beside each activation
+            batch_size = replay.rows_per_slice(x, factor=2 if predictive == "linearised" else 1)
+        chunks = torch.split(x, batch_size)
+        # asked to, chunks on the CPU reuse the memory the last one freed (see pyro_bbb._heap)
+        with kept_heap(len(chunks) > 1 and x.device.type == "cpu"):
+            if predictive == "linearised":
+                return _linearised(module, guide, guide_trace, chunks, num_samples)
+            together = Concatenation(x.shape[0])
+            for chunk in chunks:
+                together.add(replay.observation(chunk))
+            fn = together.result()
+    # drawn once from every row's distribution, as Pyro draws a site: fn() (rsample if it can)
+    return _summarise(fn, fn(), num_samples * members)
 
 
 def _check_linearisable(model, guide, reparam) -> None:
@@ -387,43 +417,38 @@ def _linearised(model, guide, guide_trace, chunks, num_samples):
         for name in mean
         if name in guide_trace.nodes
     }
-    parts, values = [], []
+    together = Concatenation(sum(chunk.shape[0] for chunk in chunks))
     for chunk in chunks:
-        fn = model.likelihood(linearised_outputs(model, mean, draws, chunk))
-        parts.append(fn)
-        values.append(fn.sample())
-    return _summarise(parts, values, num_samples)
+        together.add(model.likelihood(linearised_outputs(model, mean, draws, chunk)))
+    fn = together.result()
+    return _summarise(fn, fn.sample(), num_samples)
 
 
-def _summarise(parts, draws, num_samples):
-    """Concatenate the chunks' per-sample distributions and build the prediction."""
-    fn = parts[0]
+def _summarise(fn: dist.TorchDistribution, draws: torch.Tensor, num_samples: int) -> Prediction:
+    """The prediction from the observation's distribution over every row and draws of it."""
     event_dim = fn.event_dim
-    dim = -1 - event_dim  # the data dim
-    bases = [getattr(part, "base_dist", part) for part in parts]
+    base = independent_base(fn)
 
-    def gather(name: str, along: int = dim, event: int = event_dim) -> torch.Tensor:
-        """A parameter of every chunk, expanded and concatenated: ``(S, batch, *event)``."""
-        values = []
-        for base in bases:
-            value = getattr(base, name)
-            values.append(value.expand(*base.batch_shape, *value.shape[len(base.batch_shape) :]))
-        return _samples_first(torch.cat(values, dim=along), num_samples, event)
+    def parameter(name: str, event: int = event_dim) -> torch.Tensor:
+        """A parameter expanded to the batch shape: ``(S, batch, *event)``."""
+        value = getattr(base, name)
+        value = value.expand(*base.batch_shape, *value.shape[len(base.batch_shape) :])
+        return _samples_first(value, num_samples, event)
 
-    samples = _samples_first(torch.cat(draws, dim=dim), num_samples, event_dim)
-    if isinstance(bases[0], dist.Normal):
+    samples = _samples_first(draws, num_samples, event_dim)
+    if isinstance(base, dist.Normal):
         return RegressionPrediction(
-            samples=samples, loc_samples=gather("loc"), scale_samples=gather("scale")
+            samples=samples, loc_samples=parameter("loc"), scale_samples=parameter("scale")
         )
-    if isinstance(bases[0], dist.Categorical):
-        return ClassificationPrediction(samples=samples, logits_samples=gather("logits", -2, 1))
-    if isinstance(bases[0], dist.Bernoulli):
+    if isinstance(base, dist.Categorical):
+        return ClassificationPrediction(samples=samples, logits_samples=parameter("logits", 1))
+    if isinstance(base, dist.Bernoulli):
         return ClassificationPrediction(
-            samples=samples, logits_samples=gather("logits"), binary=True
+            samples=samples, logits_samples=parameter("logits"), binary=True
         )
     raise NotImplementedError(
         "predict summarises Normal, Categorical and Bernoulli likelihoods, got "
-        f"{type(bases[0]).__name__}"
+        f"{type(base).__name__}"
     )
 
 

@@ -1,12 +1,15 @@
 r"""Scores of classification predictions: accuracy, NLL, Brier, calibration, AUROC.
 
 ``probs`` of shape ``(batch, classes)`` holds predictive class probabilities (``classes >=
-2``) and ``y`` integer labels in ``[0, classes)``; ``probs`` of shape ``(batch,)`` is binary,
-:math:`p(y = 1)`, with labels in ``{0, 1}`` (the predicted class is 1 when :math:`p > 0.5`,
-its confidence :math:`\max(p, 1 - p)`). :func:`nll` takes log-probabilities
-``(batch, classes)`` instead (binary as two columns), computed from logits, so that its
-tails are exact. :func:`auroc` scores how well a value (predictive
-entropy, mutual information) separates two groups, e.g. in- from out-of-distribution inputs.
+2``) and ``y`` integer labels in ``[0, classes)``: a
+:class:`~pyro_bbb.ClassificationPrediction`'s ``probs`` as it is, a Bernoulli model's too
+(its two columns ``[p(y=0), p(y=1)]``). ``probs`` of shape ``(batch,)`` is also taken as
+binary, :math:`p(y = 1)`, with labels in ``{0, 1}`` (the predicted class is 1 when
+:math:`p > 0.5`, its confidence :math:`\max(p, 1 - p)`). :func:`nll` takes
+log-probabilities ``(batch, classes)`` instead (binary as two columns: a prediction's
+``log_probs``), computed from logits, so that its tails are exact. :func:`auroc` scores how
+well a value (predictive entropy, mutual information) separates two groups, e.g. in- from
+out-of-distribution inputs.
 Each function returns a Python ``float`` (numpy arrays for the reliability curve).
 
 References:
@@ -120,7 +123,9 @@ def brier(probs: torch.Tensor, y: torch.Tensor) -> float:
 
     A perfect one-hot prediction scores 0; the uniform prediction scores :math:`(C - 1) / C`.
     For binary ``(batch,)`` probabilities the usual binary form
-    :math:`\frac{1}{N}\sum_i (p_i - y_i)^2` is returned, which is half the two-class sum above.
+    :math:`\frac{1}{N}\sum_i (p_i - y_i)^2` is returned, which is half the two-class sum above;
+    a Bernoulli model's prediction, whose ``probs`` has the two columns, gets the two-class
+    sum (``brier(pred.probs[:, 1], y)`` gives the binary form).
 
     Args:
         probs: Predictive class probabilities, shape ``(batch, classes)``, or binary

@@ -1,9 +1,10 @@
 """Matplotlib figures for predictive uncertainty, training histories and calibration.
 
-This module holds five figure functions: regression bands that separate epistemic from total
+This module holds six figure functions: regression bands that separate epistemic from total
 uncertainty, a training-history plot (loss, NLL, KL and the KL weight β per epoch), a
 reliability diagram, histograms of the weights' posterior standard deviations against the
-prior's, and a benchmark's scores beside published ones. It does not compute predictions or
+prior's, a network's posterior summed up by site or layer (:func:`plot_posterior_summary`),
+and a benchmark's scores beside published ones. It does not compute predictions or
 metrics beyond calling :mod:`pyro_bbb.metrics`.
 
 Each function takes tensors or numpy arrays, returns a :class:`matplotlib.figure.Figure` and
@@ -15,11 +16,13 @@ longer referenced. In a notebook a returned figure displays itself; elsewhere, s
 """
 
 from .benchmarks import plot_scores
+from .posterior import plot_posterior_summary
 from .predictive import plot_regression_bands, plot_reliability
 from .training import plot_history, plot_weight_sigma
 
 __all__ = [
     "plot_history",
+    "plot_posterior_summary",
     "plot_regression_bands",
     "plot_reliability",
     "plot_scores",

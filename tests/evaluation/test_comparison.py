@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import warnings
 
+import pyro
 import pytest
 import torch
 
@@ -11,6 +12,7 @@ import pyro_bbb as bbb
 from pyro_bbb.evaluation import (
     Comparison,
     compare,
+    label_set_coverage,
 )
 from pyro_bbb.infer.mcmc import run_nuts
 
@@ -134,3 +136,23 @@ def test_the_report_warns_once_of_a_guide_whose_fit_stopped_on_the_predictive():
     messages = [str(w.message) for w in caught if issubclass(w.category, bbb.ConvergenceWarning)]
     assert len(messages) == 1
     assert messages[0].startswith("compare reads") and 'until="converged"' in messages[0]
+
+
+def test_a_bernoulli_classifiers_two_columns_are_compared_as_its_classes():
+    # its probs are [p(y=0), p(y=1)]: the total variation between two is |p1 - q1|, and
+    # the label set and the accuracy read the same two columns
+    pyro.set_rng_seed(0)
+    x = torch.randn(40, 2)
+    y = (x[:, 0] > 0).long()
+    model = bbb.BNN(bbb.mlp([2, 4, 1]), bbb.likelihoods.Bernoulli(), num_data=40)
+    a = bbb.MeanFieldGuide(model, init_scale=0.3, name="a")
+    b = bbb.MeanFieldGuide(model, init_scale=0.3, name="b")
+    a(x, y), b(x, y)
+    report = compare(model, a, b, x, y, num_samples=50)
+    pa, pb = (bbb.predict(model, g, x, num_samples=50, seed=0).probs for g in (a, b))
+    torch.testing.assert_close(report.pointwise["tv"], (pa[:, 1] - pb[:, 1]).abs())
+    assert report.columns["accuracy"][0] == pytest.approx(
+        float(((pa[:, 1] > 0.5).long() == y).double().mean())
+    )
+    expected = label_set_coverage(pa[:, 1], y, 0.95, binary=True)
+    assert report.columns["coverage_95"][0] == pytest.approx(expected)

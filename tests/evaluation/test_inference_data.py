@@ -7,6 +7,8 @@ import warnings
 
 import arviz as az
 import matplotlib
+import numpy as np
+import pyro
 import pytest
 import torch
 
@@ -226,3 +228,101 @@ def test_a_posterior_whose_fit_stopped_on_the_predictive_is_exported_with_one_wa
 def test_a_strict_or_fixed_fit_is_exported_without_that_warning(options):
     model, guide, x, y = _fitted(**options)
     assert not _convergence_warnings(lambda: to_inference_data(model, guide, x, y, num_samples=8))
+
+
+# --- a real network's size: the sites and units asked for, the groups asked for, a limit ------
+
+
+def _network(seed: int = 0):
+    pyro.set_rng_seed(seed)
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(50, 6, generator=g)
+    y = (x[:, 0] > 0).long()
+    model = bbb.BNN(bbb.mlp([6, 8, 8, 3]), bbb.likelihoods.Categorical(), num_data=50)
+    guide = bbb.MeanFieldGuide(model, init_scale=0.2)
+    guide(x, y)
+    return model, guide, x, y
+
+
+def test_var_names_exports_a_layers_sites_as_arviz_reads_them():
+    model, guide, x, y = _network()
+    data = to_inference_data(model, guide, x, y, var_names="2", num_samples=10, seed=0)
+    assert set(data.posterior.data_vars) == {"2.weight", "2.bias"}
+    assert data.posterior["2.weight"].dtype == np.float32
+    assert data.log_likelihood["obs"].dtype == np.float32
+    assert data.sample_stats["lp"].dtype == np.float32
+    left_out = to_inference_data(model, guide, x, y, var_names=["~0", "~2"], num_samples=10)
+    assert set(left_out.posterior.data_vars) == {"4.weight", "4.bias"}
+    like = to_inference_data(model, guide, x, y, var_names="bias", filter_vars="like",
+                             num_samples=10)  # fmt: skip
+    assert set(like.posterior.data_vars) == {"0.bias", "2.bias", "4.bias"}
+    with pytest.raises(KeyError, match="'fc1' matches none of the sites"):
+        to_inference_data(model, guide, x, y, var_names="fc1")
+
+
+def test_coords_keep_some_units_labelled_by_their_index_and_az_summary_reads_them():
+    model, guide, x, y = _network()
+    data = to_inference_data(
+        model, guide, x, y, var_names="2", coords={"2.out": [5, 1]}, num_samples=10, seed=0
+    )
+    assert data.posterior["2.weight"].shape == (4, 10, 2, 8)
+    assert data.posterior["2.bias"].coords["2.out"].values.tolist() == [5, 1]
+    # the same draws as the whole layer's, those units only
+    whole = to_inference_data(model, guide, x, y, var_names="2", num_samples=10, seed=0)
+    expected = whole.posterior["2.weight"].sel({"2.out": [5, 1]}).values
+    np.testing.assert_array_equal(data.posterior["2.weight"].values, expected)
+    assert len(az.summary(data, kind="stats")) == 2 * 8 + 2
+    rows = to_inference_data(model, guide, x, y, var_names="4.bias",
+                             coords={"data": range(10, 20)}, num_samples=10)  # fmt: skip
+    assert rows.log_likelihood["obs"].shape == (4, 10, 10)
+    assert rows.observed_data["obs"].coords["data"].values.tolist() == list(range(10, 20))
+    np.testing.assert_array_equal(rows.constant_data["x"].values, x[10:20].numpy())
+
+
+def test_the_groups_that_grow_with_the_data_can_be_left_out():
+    model, guide, x, y = _network()
+    both = {"log_likelihood": False, "posterior_predictive": False}
+    posterior_only = to_inference_data(model, guide, x, y, num_samples=10, **both)
+    assert set(posterior_only.groups()) == {"posterior"}
+    no_predictive = to_inference_data(
+        model, guide, x, y, num_samples=10, posterior_predictive=False, seed=0
+    )
+    assert set(no_predictive.groups()) == GROUPS - {"posterior_predictive"}
+    no_log_likelihood = to_inference_data(
+        model, guide, x, y, num_samples=10, log_likelihood=False, seed=0
+    )
+    assert set(no_log_likelihood.groups()) == GROUPS - {"log_likelihood"}
+    # lp still sums the log-likelihood over the rows
+    np.testing.assert_allclose(
+        no_log_likelihood.sample_stats["lp"].values,
+        no_predictive.sample_stats["lp"].values,
+        rtol=1e-6,
+    )
+
+
+def test_an_export_above_max_bytes_is_refused_before_anything_is_drawn(nuts_result):
+    # 4 x 125 draws of 6*8 + 8 + 8*8 + 8 + 8*3 + 3 = 155 float32 weights: 310,000 bytes; the
+    # log-likelihood 4 x 125 x 50 x 4 = 100,000; the predictive (int64 labels) 200,000; the
+    # data 400 + 1,200
+    model, guide, x, y = _network()
+    state = torch.get_rng_state()
+    with pytest.raises(ValueError) as refused:
+        to_inference_data(model, guide, x, y, max_bytes=500_000)
+    message = str(refused.value)
+    assert "would build 612 kB, above max_bytes=500000" in message
+    assert "posterior 310 kB" in message and "log_likelihood 100 kB" in message
+    assert "var_names=None: 6 sites, 155 values a draw over 500 draws" in message
+    assert "'0' 112 kB" in message and "max_bytes=None" in message
+    assert torch.equal(torch.get_rng_state(), state)  # nothing was drawn
+    small = to_inference_data(model, guide, x, y, var_names="4", max_bytes=500_000,
+                              log_likelihood=False, posterior_predictive=False)  # fmt: skip
+    assert set(small.posterior.data_vars) == {"4.weight", "4.bias"}
+    assert to_inference_data(model, guide, x, y, max_bytes=None, num_samples=5).posterior
+    x_nuts, y_nuts, *_ = conjugate_problem()
+    with pytest.raises(ValueError, match=r"var_names='0\.bias': 1 sites, 1 values a draw over 300"):
+        to_inference_data(linear_bnn(x_nuts), nuts_result, x_nuts, y_nuts, var_names="0.bias",
+                          max_bytes=1000)  # fmt: skip
+    nuts = to_inference_data(linear_bnn(x_nuts), nuts_result, x_nuts, y_nuts, var_names="0.bias",
+                             log_likelihood=False, posterior_predictive=False)  # fmt: skip
+    assert set(nuts.groups()) == {"posterior", "sample_stats"}
+    assert nuts.posterior["0.bias"].shape == (2, 150, 1)
