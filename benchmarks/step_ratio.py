@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import math
 import os
 import statistics
@@ -178,7 +179,7 @@ class FitLoop:
             )  # fmt: skip
         end = time.process_time()
         stamps = clock.stamps
-        timed = [b - a for a, b in zip(stamps, stamps[1:], strict=False)]
+        timed = [b - a for a, b in itertools.pairwise(stamps)]
         self.overhead.append(end - start - sum(timed))
         return timed
 
