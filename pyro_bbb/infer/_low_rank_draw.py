@@ -227,6 +227,9 @@ class LowRankDraw(torch.autograd.Function):
             min_scale: :math:`\sigma_{\min}`.
         """
         rank = factor_t.shape[0]
+        # plain tensors, not Parameters (whose shapes torch.compile keeps static): one
+        # compiled kernel then serves every block's size
+        loc, rho, factor_t = loc.detach(), rho.detach(), factor_t.detach()
         inputs = (loc, rho, factor_t, eps_diag, eps_factor, coef, prior_loc, min_scale)
         theta, sums, scale, slope = _FORWARD(*inputs)
         capacitance = _symmetric(sums[2:], rank)
