@@ -62,6 +62,7 @@ __all__ = [
     "backward_columns",
     "compiled_draw_applies",
     "forward_columns",
+    "prepare_kernels",
     "prior_constants",
 ]
 
@@ -187,6 +188,31 @@ def compiled_draw_applies(loc: torch.Tensor, factor_t: torch.Tensor) -> bool:
         and _FORWARD.runs_compiled(loc)
         and _BACKWARD.runs_compiled(loc)
     )
+
+
+_prepared: set[tuple[torch.dtype, int, float]] = set()
+
+
+def prepare_kernels(like: torch.Tensor, rank: int, min_scale: float) -> None:
+    """Compile (or load) the two passes for blocks like ``like`` of this rank, once a process.
+
+    One draw and its backward on a block of fixed numbers of the smallest size taken (no
+    random state is used), so that the first training step does not build them.
+    """
+    key = (like.dtype, rank, min_scale)
+    if key in _prepared:
+        return
+    _prepared.add(key)
+    kw = {"dtype": like.dtype, "device": like.device}
+    size = max(MIN_NUMBERS // rank, 16)  # the sizes taken (compiled sizes have ranges)
+    loc, rho = torch.zeros(size, **kw), torch.zeros(size, **kw)
+    factor_t = torch.full((rank, size), 0.1, **kw)
+    params = [t.requires_grad_() for t in (loc, rho, factor_t)]
+    eps_diag, eps_factor = torch.zeros(size, **kw), torch.zeros(rank, **kw)
+    one, zero = torch.ones((), **kw), torch.zeros((), **kw)
+    theta, twice_kl = LowRankDraw.apply(*params, eps_diag, eps_factor, one, zero, min_scale)
+    # a dense gradient for the draw, as a network's layers give it
+    torch.autograd.grad((theta, twice_kl), params, (torch.ones_like(theta), one))
 
 
 def _symmetric(entries: torch.Tensor, rank: int) -> torch.Tensor:

@@ -61,7 +61,12 @@ from ..model import BNN
 from ..nn.affine import AffineMap
 from ..nn.layers import BayesianAffine, BayesianLayer
 from ._low_rank_block import LowRankBlock, cholesky
-from ._low_rank_draw import LowRankDraw, compiled_draw_applies, prior_constants
+from ._low_rank_draw import (
+    LowRankDraw,
+    compiled_draw_applies,
+    prepare_kernels,
+    prior_constants,
+)
 from ._mean_field_block import MeanFieldBlock, SiteLayout
 from .elbo import AnnealedELBO, ELBOTerms
 from .ensemble import Ensemble
@@ -179,6 +184,7 @@ def fused_elbo(
     draws.splits = {None: None, "local": "variance", "flipout": "value"}[reparam]
     if ensemble is not None:
         draws.particle_padding = ()  # the members' parameters carry the data plate's dim
+    draws.prepare()
     return FusedELBO(model, elbo, draws, _OPS[reparam])
 
 
@@ -312,6 +318,9 @@ class _Draws:
 
     def draw(self, sample: tuple[int, ...]) -> _Draw:
         raise NotImplementedError
+
+    def prepare(self) -> None:
+        """Build what the draws will need once, before the first step (nothing by default)."""
 
     def parameters(self) -> list[torch.Tensor]:
         raise NotImplementedError
@@ -593,6 +602,19 @@ class _LowRankDraws(_Draws):
                     kl_terms[piece.site] = term
                     sampled.append(term)
         return _Draw(values, splits, kl_terms, _total(closed), _total(sampled))
+
+    def prepare(self) -> None:
+        """Compile (or load) the blocks' compiled passes now, at set-up, if a step takes them.
+
+        Built in the first step, they would be that step's time and memory (seconds, and
+        Inductor's modules).
+        """
+        if self.splits or self._elbo.num_particles > 1 or self._closed_form_priors() is None:
+            return
+        for refs in self._refs:
+            loc, _, factor_t = (ref.module_value() for ref in refs)
+            if compiled_draw_applies(loc, factor_t):
+                prepare_kernels(loc, factor_t.shape[0], self._guide.min_scale)
 
     def _fused_draw(self, block, priors, sample, params, noise):
         """``(θ, G, groups)`` by :class:`~pyro_bbb.infer._low_rank_draw.LowRankDraw`, or ``None``.

@@ -15,8 +15,9 @@ import torch
 from torch.distributions import MultivariateNormal, kl_divergence
 
 from pyro_bbb import LowRankGuide
-from pyro_bbb.infer import _compiled, _low_rank_draw
+from pyro_bbb.infer import AnnealedELBO, _compiled, _low_rank_draw
 from pyro_bbb.infer._low_rank_draw import LowRankDraw, backward_columns, forward_columns
+from pyro_bbb.infer.fused import fused_elbo
 
 from .test_fused import _compare, _problem
 
@@ -130,7 +131,8 @@ def test_the_fused_elbo_with_the_compiled_draw_equals_the_traced_elbo(monkeypatc
     taken = []
     monkeypatch.setattr(LowRankDraw, "apply", _recording(LowRankDraw.apply, taken), raising=True)
     _compare(model, guide, x, y, None)
-    assert len(taken) == len(guide.block_names)  # every block went through it
+    sizes = {sum(shape.numel() for shape in sites.values()) for sites in guide.block_sites.values()}
+    assert sizes <= {shape[0] for shape in taken}  # every block went through it
 
 
 def _recording(apply, calls):
@@ -202,3 +204,16 @@ def test_compiling_can_be_turned_off_by_the_environment(monkeypatch):
     assert _low_rank_draw.compiled_draw_applies(loc, loc.expand(4, -1)) == (
         _low_rank_draw._FORWARD.failure is None
     )
+
+
+def test_the_kernels_are_built_at_set_up_without_drawing_a_random_number(monkeypatch):
+    monkeypatch.setattr(_low_rank_draw, "MIN_NUMBERS", 0)
+    monkeypatch.setattr(_low_rank_draw, "_prepared", set())
+    model, x, y = _problem("gaussian", "categorical")
+    guide = LowRankGuide(model, rank=2, init_scale=0.1)
+    elbo = AnnealedELBO(1.0)
+    elbo.terms(model, guide, x, y)
+    state = torch.get_rng_state()
+    assert fused_elbo(model, guide, elbo, None) is not None
+    assert torch.equal(torch.get_rng_state(), state)  # the draws stay the traced guide's
+    assert _low_rank_draw._prepared == {(torch.float32, 2, guide.min_scale)}
