@@ -5,11 +5,14 @@ networks (``_steptime_problems.NETS``, the same sizes), and times what a user's 
 per step rather than the step alone. Both sides train on the same data, ``--steps`` minibatches
 of the net's batch size an epoch, shuffled every epoch:
 
-deterministic
-    The network's own training loop, as a user writes it: an epoch's permutation, each batch
-    indexed, ``zero_grad``, forward, the loss (mean cross-entropy, or the Gaussian negative
-    log-likelihood at scale 0.1), ``backward``, ``torch.optim.Adam(lr=1e-3)`` (``--adam``:
-    ``fused``, as ``fit`` builds it, or ``default``, torch's own choice).
+reference
+    For a network with a forward of its own (``resnet``, ``lstm``), its own training loop as
+    a user writes it: an epoch's permutation, each batch indexed, ``zero_grad``, forward, the
+    loss (mean cross-entropy, or the Gaussian negative log-likelihood at scale 0.1),
+    ``backward``, ``torch.optim.Adam(lr=1e-3)`` (``--adam``: ``fused``, as ``fit`` builds it,
+    or ``default``, torch's own choice). For an MLP (``small``, ``large``), mean-field Bayes by
+    Backprop written by hand in the same loop: μ and ρ per layer, one draw a step, the
+    closed-form KL to N(0, 1), the log-likelihood scaled by N/B, the same Adam.
 fit
     ``pyro_bbb.fit(model, MeanFieldGuide(model), x, y, epochs=E, batch_size=B, lr=1e-3,
     num_particles=1)`` on a ``BNN`` of the same network (``bayesianize``: every parameter
