@@ -210,9 +210,10 @@ def prepare_kernels(like: torch.Tensor, rank: int, min_scale: float) -> None:
     params = [t.requires_grad_() for t in (loc, rho, factor_t)]
     eps_diag, eps_factor = torch.zeros(size, **kw), torch.zeros(rank, **kw)
     one, zero = torch.ones((), **kw), torch.zeros((), **kw)
-    theta, twice_kl = LowRankDraw.apply(*params, eps_diag, eps_factor, one, zero, min_scale)
-    # a dense gradient for the draw, as a network's layers give it
-    torch.autograd.grad((theta, twice_kl), params, (torch.ones_like(theta), one))
+    with torch.enable_grad():  # the backward's kernel too, whatever the caller's mode
+        theta, twice_kl = LowRankDraw.apply(*params, eps_diag, eps_factor, one, zero, min_scale)
+        # a dense gradient for the draw, as a network's layers give it
+        torch.autograd.grad((theta, twice_kl), params, (torch.ones_like(theta), one))
 
 
 def _symmetric(entries: torch.Tensor, rank: int) -> torch.Tensor:

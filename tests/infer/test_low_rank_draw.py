@@ -217,3 +217,10 @@ def test_the_kernels_are_built_at_set_up_without_drawing_a_random_number(monkeyp
     assert fused_elbo(model, guide, elbo, None) is not None
     assert torch.equal(torch.get_rng_state(), state)  # the draws stay the traced guide's
     assert _low_rank_draw._prepared == {(torch.float32, 2, guide.min_scale)}
+
+
+def test_the_kernels_are_built_under_no_grad_too(monkeypatch):
+    monkeypatch.setattr(_low_rank_draw, "_prepared", set())
+    with torch.no_grad():
+        _low_rank_draw.prepare_kernels(torch.zeros(()), 3, MIN_SCALE)
+    assert _low_rank_draw._prepared == {(torch.float32, 3, MIN_SCALE)}
