@@ -17,23 +17,33 @@ images (all 10,000 by default), pixels in [0, 1]:
 * ``lenet``: a deterministic LeNet-5-shaped ConvNet (conv 6@5×5 pad 2, max-pool 2, conv
   16@5×5, max-pool 2, 120, 84, 10; ReLU), trained as ``mlp``;
 * ``lenet_bnn``: the same network made Bayesian whole with ``bayesianize`` (N(0, 1) prior,
-  mean-field guide).
+  mean-field guide);
+* ``ivon400``, ``ivon_lenet``: the MLP and LeNet-5 trained by IVON (Shen et al. 2024), a
+  mean-field posterior learned by a drop-in optimiser, with its own recipe (``ess`` the
+  number of training images, one weight sample a step, cosine decay, weight decay 1e-4,
+  ``hess_init`` 0.1, ``--ivon-epochs`` 20 epochs, 50 test draws: ``_images_peers.py``).
+  An optional peer: ``pip install --no-deps ivon-opt``; without it these rows are skipped
+  with a message.
 
 Each BNN row runs at two protocols: ``default``, ``fit(model, guide, x, y, batch_size=128)``
 with every other argument at its default (run length, rate, β, estimator), and ``lr1e-3``, the
-same with ``lr=1e-3`` set by hand, so the table shows what the default costs. The
-deterministic rows run once (``adam1e-3``). Columns: test error, NLL (nats per image), ECE (15
-bins), training CPU seconds (``time.process_time``, every thread's; ``--threads`` sets
-``torch.set_num_threads``, 1 by default) and epochs. BNNs predict with 100 weight samples
-(20 per member for the ensemble). The published anchors are printed beside the table.
+same with ``lr=1e-3`` set by hand, so the table shows what the default costs. IVON needs a
+rate from its user: its rows run at two, ``lr0.1`` (its README's) and ``lr0.2``
+(``--ivon-protocols``). The deterministic rows run once (``adam1e-3``). Columns: test error,
+NLL (nats per image), ECE (15 bins), training CPU seconds (``time.process_time``, every
+thread's; ``--threads`` sets ``torch.set_num_threads``, 1 by default) and epochs. BNNs predict
+with 100 weight samples (20 per member for the ensemble). The published anchors are printed
+beside the table.
 
 Every run appends one JSON line to ``--out`` (runs already there are skipped, so the script
 resumes; a run's key holds its row, protocol, seed, ``--num-train`` and ``--max-steps``);
 ``--table`` prints the table of what is there. ``--max-steps`` caps every row (``fit``'s
-budget, in whole epochs; the deterministic rows' steps) for a quick end-to-end check:
+budget, in whole epochs; the other rows' steps) for a quick end-to-end check:
 
     python benchmarks/images.py --out images.jsonl                         # the full table
     python benchmarks/images.py --out images.jsonl --rows mlp bbb_gauss400 --seeds 0 1
+    python benchmarks/images.py --out images.jsonl --rows bbb_gauss400 ivon400 \\
+        --protocols default                         # fit's default beside IVON's two rates
     python benchmarks/images.py --out /tmp/check.jsonl --num-train 1000 --num-test 500 \\
         --max-steps 16 --epochs 1                                          # a check, seconds
     python benchmarks/images.py --out images.jsonl --table
@@ -52,19 +62,20 @@ from pathlib import Path
 import pyro
 import torch
 from _common import append_row, machine, read_rows, stage_starts
-from torch import nn
+from _images_nets import lenet5, scores
+from _images_peers import IVON_PROTOCOLS, has_ivon, run_deterministic, run_ivon
 
 import pyro_bbb as bbb
-from pyro_bbb import metrics
 from pyro_bbb.data import FASHION_MNIST, Split, image_split
 from pyro_bbb.training.convergence import ConvergenceWarning
 
 DETERMINISTIC = ("mlp", "dropout", "lenet")
 BAYESIAN = ("bbb_gauss400", "bbb_mix400", "bbb_mix1200", "ensemble400", "lenet_bnn")
-ROWS = ("mlp", "dropout", "bbb_gauss400", "bbb_mix400", "bbb_mix1200", "ensemble400", "lenet")
-ROWS += ("lenet_bnn",)
+IVON = ("ivon400", "ivon_lenet")
+ROWS = ("mlp", "dropout", "bbb_gauss400", "bbb_mix400", "bbb_mix1200", "ensemble400", "ivon400")
+ROWS += ("lenet", "lenet_bnn", "ivon_lenet")
 PROTOCOLS = ("default", "lr1e-3")
-CONV = ("lenet", "lenet_bnn")
+CONV = ("lenet", "lenet_bnn", "ivon_lenet")
 
 ANCHORS = """\
 Published anchors (not this benchmark's data or protocol; for shape):
@@ -74,66 +85,6 @@ Published anchors (not this benchmark's data or protocol; for shape):
   uncertainty-baselines, LeNet-5 on Fashion-MNIST (NLL / accuracy):
     deterministic 0.321 / 91.0 %; VI 0.292 / 89.5 %; refined VI 0.259 / 90.6 %;
     an ensemble of 10: 0.200 / 93.2 %."""
-
-
-def mlp_layers(width: int, dropout: float = 0.0) -> nn.Sequential:
-    """784-width-width-10 ReLU, optionally with dropout after each hidden activation."""
-    layers: list[nn.Module] = []
-    for n_in, n_out in ((784, width), (width, width)):
-        layers += [nn.Linear(n_in, n_out), nn.ReLU()]
-        if dropout > 0:
-            layers.append(nn.Dropout(dropout))
-    return nn.Sequential(*layers, nn.Linear(width, 10))
-
-
-def lenet5() -> nn.Sequential:
-    """LeNet-5's shape on 1×28×28 images: (batch, 1, 28, 28) -> (batch, 10) logits."""
-    return nn.Sequential(
-        nn.Conv2d(1, 6, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),  # 6×14×14
-        nn.Conv2d(6, 16, 5), nn.ReLU(), nn.MaxPool2d(2),  # 16×5×5
-        nn.Flatten(),
-        nn.Linear(16 * 5 * 5, 120), nn.ReLU(),
-        nn.Linear(120, 84), nn.ReLU(),
-        nn.Linear(84, 10),
-    )  # fmt: skip
-
-
-def scores(log_probs: torch.Tensor, y: torch.Tensor) -> dict:
-    """Test error, NLL and ECE from ``(num_test, 10)`` log-probabilities."""
-    probs = log_probs.exp()
-    return {
-        "test_error": 1 - metrics.accuracy(probs, y),
-        "test_nll": metrics.nll(log_probs, y),
-        "test_ece": metrics.ece(probs, y, num_bins=15),
-    }
-
-
-def run_deterministic(name: str, data: Split, seed: int, args: argparse.Namespace) -> dict:
-    """A plain torch network: Adam lr 1e-3, batch 128, ``--epochs`` epochs (``--max-steps``)."""
-    torch.manual_seed(seed)
-    net = lenet5() if name == "lenet" else mlp_layers(400, args.dropout * (name == "dropout"))
-    optimizer = torch.optim.Adam(net.parameters(), lr=1e-3)
-    steps_left = args.max_steps if args.max_steps is not None else float("inf")
-    start, steps, epochs = time.process_time(), 0, 0
-    while epochs < args.epochs and steps < steps_left:
-        for rows in torch.randperm(len(data.x_train)).split(128):
-            loss = nn.functional.cross_entropy(net(data.x_train[rows]), data.y_train[rows])
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-            steps += 1
-            if steps >= steps_left:
-                break
-        epochs += 1
-    cpu = time.process_time() - start
-    with torch.no_grad():
-        if name == "dropout":  # MC dropout: masks stay on, 100 forward passes averaged
-            log_probs = torch.stack([net(data.x_test).log_softmax(-1) for _ in range(100)])
-            log_probs = log_probs.logsumexp(0) - torch.log(torch.tensor(100.0))
-        else:
-            net.eval()
-            log_probs = net(data.x_test).log_softmax(-1)
-    return {"cpu": cpu, "epochs": epochs, "steps": steps} | scores(log_probs, data.y_test)
 
 
 def bayesian_model(name: str, num_data: int, members: int):
@@ -207,6 +158,15 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def protocols_of(name: str, args: argparse.Namespace) -> list[str]:
+    """The protocols a row runs at: its rates for IVON, one for the deterministic rows."""
+    if name in DETERMINISTIC:
+        return ["adam1e-3"]
+    if name in IVON:
+        return list(args.ivon_protocols)
+    return list(args.protocols)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("images.jsonl"))
@@ -220,6 +180,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--epochs", type=int, default=10, help="the deterministic rows'")
     parser.add_argument("--dropout", type=float, default=0.2, help="MC dropout's rate")
     parser.add_argument("--members", type=int, default=5, help="the ensemble's BNNs")
+    parser.add_argument(
+        "--ivon-protocols", nargs="+", choices=IVON_PROTOCOLS, default=list(IVON_PROTOCOLS)
+    )
+    parser.add_argument("--ivon-epochs", type=int, default=20, help="IVON's run length")
+    parser.add_argument("--ivon-hess-init", type=float, default=0.1, help="IVON's hess_init")
     parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads")
     parser.add_argument("--progress", action="store_true", help="fit's progress bar")
     parser.add_argument("--table", action="store_true", help="print the table and exit")
@@ -230,11 +195,14 @@ def main(argv: list[str] | None = None) -> None:
         return
     torch.set_num_threads(args.threads)
     keys = {(r["row"], r["protocol"], r["seed"], r["num_train"], r["max_steps"]) for r in done}
+    rows = list(args.rows)
+    if not has_ivon() and any(name in IVON for name in rows):
+        print("IVON rows skipped: ivon is not installed (pip install --no-deps ivon-opt)")
+        rows = [name for name in rows if name not in IVON]
     for seed in args.seeds:
         data = {}  # flat and image-shaped, loaded once per seed when a row needs them
-        for name in args.rows:
-            protocols = ["adam1e-3"] if name in DETERMINISTIC else args.protocols
-            for protocol in protocols:
+        for name in rows:
+            for protocol in protocols_of(name, args):
                 key = (name, protocol, seed, args.num_train, args.max_steps)
                 if key in keys:
                     continue
@@ -246,6 +214,8 @@ def main(argv: list[str] | None = None) -> None:
                     )  # fmt: skip
                 if name in DETERMINISTIC:
                     result = run_deterministic(name, data[flat], seed, args)
+                elif name in IVON:
+                    result = run_ivon(name, protocol, data[flat], seed, args)
                 else:
                     result = run_bayesian(name, protocol, data[flat], seed, args)
                 row = {

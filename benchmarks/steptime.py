@@ -69,504 +69,33 @@ two weight draws a step, run once per draw around the network.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import dataclasses
-import itertools
 import json
-import math
 import os
 import statistics
 import subprocess
 import sys
 import time
-import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
-from functools import partial
 
 import pyro
-import pyro.distributions as dist
-import pyro.optim
-import pyro.poutine as poutine
 import torch
-import torch.nn.functional as F
-from _common import machine, repository_root
-from pyro.infer import SVI, Trace_ELBO
-from pyro.infer.autoguide import AutoNormal
-from torch import nn
+from _common import machine
+from _steptime_problems import CLOCK, NETS, Net
+from _steptime_references import (
+    BarePyro,
+    BayesianTorch,
+    CapturedReference,
+    Deterministic,
+    EveryParameterBBB,
+    Reference,
+    has_bayesian_torch,
+)
+from _steptime_runners import FitEpochs, FitSteps, LoopSteps, svi_steps
 
-import pyro_bbb
 from pyro_bbb._heap import ENVIRONMENT_VARIABLE, kept_heap
-from pyro_bbb.infer import AnnealedELBO, Ensemble
 
-sys.path.insert(0, str(repository_root() / "examples"))  # networks as users write them
-from user_networks import Recurrent, ResNet
-
-INIT_SCALE = 0.05
-LR = 1e-3
-#: Steps in an epoch of the CUDA ``fit`` rows (timed by epochs; see FitEpochs).
-EPOCH_STEPS = 50
 #: Members of the ensemble rows (an Ensemble of 1 is the guide alone, in the member plate).
 ENSEMBLE_SIZES = (1, 5)
-
-
-# ----------------------------------------------------------------------------- problems
-@dataclass(frozen=True)
-class Net:
-    """One benchmark problem: an architecture, a task and the data sizes."""
-
-    label: str
-    task: str  # "regression" | "classification"
-    num_data: int
-    batch: int
-    input_shape: tuple[int, ...]
-
-    @property
-    def user_written(self) -> bool:
-        """A network with a forward of its own (no hand-written BBB reference covers it)."""
-        return self.label in ("resnet", "lstm")
-
-    def module(self) -> nn.Module:
-        """A fresh deterministic network; both sides build theirs from it."""
-        if self.label == "resnet":
-            return ResNet18(num_classes=10)
-        if self.label == "lstm":
-            return Recurrent(nn.LSTM, features=self.input_shape[-1], hidden=32)
-        if self.label == "conv":
-            return nn.Sequential(
-                nn.Conv2d(1, 16, 3), nn.ReLU(), nn.MaxPool2d(2),
-                nn.Conv2d(16, 32, 3), nn.ReLU(), nn.MaxPool2d(2),
-                nn.Flatten(-3), nn.Linear(32 * 5 * 5, 10),
-            )  # fmt: skip
-        sizes = [int(s) for s in self.label.split("-")]
-        layers: list[nn.Module] = []
-        for i, (n_in, n_out) in enumerate(itertools.pairwise(sizes)):
-            layers.append(nn.Linear(n_in, n_out))
-            if i < len(sizes) - 2:
-                layers.append(nn.ReLU())
-        return nn.Sequential(*layers)
-
-    def data(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """Random inputs and targets of the full data set, on ``device``."""
-        generator = torch.Generator().manual_seed(0)
-        x = torch.rand(self.num_data, *self.input_shape, generator=generator)
-        if self.task == "regression":
-            y = torch.randn(self.num_data, generator=generator)
-        else:
-            y = torch.randint(0, 10, (self.num_data,), generator=generator)
-        return x.to(device), y.to(device)
-
-
-class ResNet18(ResNet):
-    """torchvision's ``resnet18`` (7x7 stem, max-pool, four stages of two blocks), narrowed."""
-
-    def __init__(self, num_classes: int = 10, width: int = 16) -> None:
-        super().__init__((2, 2), num_classes, width)
-        self.conv1 = nn.Conv2d(3, width, kernel_size=7, stride=2, padding=3, bias=False)
-        self.layer3 = self._make_layer(4 * width, 2, stride=2)
-        self.layer4 = self._make_layer(8 * width, 2, stride=2)
-        self.fc = nn.Linear(8 * width, num_classes)
-
-    def forward(self, x):
-        x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
-        x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
-        return self.fc(torch.flatten(self.avgpool(x), 1))
-
-
-NETS = {
-    "small": Net("1-50-50-1", "regression", 1000, 100, (1,)),
-    "large": Net("784-400-400-10", "classification", 60000, 128, (784,)),
-    "wide": Net("784-1200-1200-10", "classification", 60000, 1024, (784,)),
-    "conv": Net("conv", "classification", 60000, 256, (1, 28, 28)),
-    "resnet": Net("resnet", "classification", 5120, 64, (3, 32, 32)),
-    "lstm": Net("lstm", "regression", 5120, 64, (32, 8)),
-}
-
-
-def default_adam(params: list[torch.Tensor], fused: bool) -> torch.optim.Adam:
-    return torch.optim.Adam(params, lr=LR, fused=True if fused else None)
-
-
-# ----------------------------------------------------------------------------- reference
-def _log_likelihood(net: Net, h: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """The minibatch's log-likelihood: Normal(h, 0.1) for regression, else the softmax's."""
-    if net.task == "regression":
-        return torch.distributions.Normal(h.squeeze(-1), 0.1).log_prob(y).sum()
-    return -F.cross_entropy(h, y, reduction="sum")
-
-
-def _update(optim: torch.optim.Optimizer, loss: torch.Tensor) -> torch.Tensor:
-    """One optimiser step on ``loss``, the last step's gradients dropped first."""
-    optim.zero_grad(set_to_none=True)
-    loss.backward()
-    optim.step()
-    return loss.detach()
-
-
-class Reference:
-    """Hand-written mean-field Bayes by Backprop in plain PyTorch, for any Linear/Conv net."""
-
-    def __init__(self, net: Net, device: torch.device, *, local: bool, fused: bool) -> None:
-        self.net, self.local = net, local
-        rho = INIT_SCALE + math.log(-math.expm1(-INIT_SCALE))  # softplus(rho) = INIT_SCALE
-        self.layers: list[tuple[nn.Module, list[torch.Tensor]]] = []
-        for module in net.module().to(device):
-            params = []
-            if isinstance(module, (nn.Linear, nn.Conv2d)):
-                for p in (module.weight, module.bias):
-                    params += [
-                        p.detach().clone().requires_grad_(),
-                        torch.full_like(p, rho).requires_grad_(),
-                    ]
-            self.layers.append((module, params))
-        self.params = [p for _, params in self.layers for p in params]
-        self.optim = default_adam(self.params, fused)
-
-    @staticmethod
-    def _apply(module: nn.Module, h: torch.Tensor, w: torch.Tensor, b: torch.Tensor):
-        if isinstance(module, nn.Linear):
-            return F.linear(h, w, b)
-        return F.conv2d(h, w, b, module.stride, module.padding)
-
-    def step(self, x: torch.Tensor, y: torch.Tensor) -> float:
-        h, kl = x, 0.0
-        for module, params in self.layers:
-            if not params:
-                h = module(h)
-                continue
-            w_mu, w_rho, b_mu, b_rho = params
-            w_sigma, b_sigma = F.softplus(w_rho), F.softplus(b_rho)
-            if self.local:
-                mean = self._apply(module, h, w_mu, b_mu)
-                var = self._apply(module, h.square(), w_sigma.square(), b_sigma.square())
-                h = mean + var.sqrt() * torch.randn_like(mean)
-            else:
-                w = w_mu + w_sigma * torch.randn_like(w_mu)
-                b = b_mu + b_sigma * torch.randn_like(b_mu)
-                h = self._apply(module, h, w, b)
-            for mu, sigma in ((w_mu, w_sigma), (b_mu, b_sigma)):
-                kl = kl + 0.5 * (sigma.square() + mu.square() - 1).sum() - sigma.log().sum()
-        log_lik = _log_likelihood(self.net, h, y)
-        loss = -log_lik * (self.net.num_data / len(x)) + kl
-        return _update(self.optim, loss)
-
-
-class Deterministic:
-    """The deterministic network's training step: the same loss, weights as point estimates."""
-
-    def __init__(self, net: Net, device: torch.device, fused: bool) -> None:
-        self.net, self.module = net, net.module().to(device)
-        self.optim = default_adam(list(self.module.parameters()), fused)
-
-    def step(self, x: torch.Tensor, y: torch.Tensor) -> float:
-        h = self.module(x)
-        log_lik = _log_likelihood(self.net, h, y)
-        loss = -log_lik * (self.net.num_data / len(x))
-        return _update(self.optim, loss)
-
-
-class CapturedReference:
-    """The reference's step captured whole as one CUDA graph: the floor of a launch-bound step.
-
-    PyTorch's whole-network recipe: the batch copied into static input tensors, Adam
-    (fused) with ``capturable=True`` and its rate in a device tensor, three warm-up steps on
-    a side stream, then ``torch.cuda.graph`` around one step, replayed for every step.
-    """
-
-    def __init__(self, net: Net, device: torch.device, *, local: bool = False) -> None:
-        self.reference = Reference(net, device, local=local, fused=True)
-        self.reference.optim = torch.optim.Adam(
-            self.reference.params, lr=torch.tensor(LR, device=device), fused=True, capturable=True
-        )
-        self.graph: torch.cuda.CUDAGraph | None = None
-        self.inputs: tuple[torch.Tensor, torch.Tensor] | None = None
-
-    def step(self, x: torch.Tensor, y: torch.Tensor) -> None:
-        if self.inputs is None:
-            self.inputs = (x.clone(), y.clone())
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                for _ in range(3):
-                    self.reference.step(*self.inputs)
-            torch.cuda.current_stream().wait_stream(side)
-            self.graph = torch.cuda.CUDAGraph()
-            self.reference.optim.zero_grad(set_to_none=True)
-            with torch.cuda.graph(self.graph):
-                self.reference.step(*self.inputs)
-        static_x, static_y = self.inputs
-        static_x.copy_(x)
-        static_y.copy_(y)
-        self.graph.replay()
-
-
-class EveryParameterBBB:
-    """Hand-written Bayes by Backprop over every parameter of any network: the naive step.
-
-    μ and ρ per parameter tensor (BatchNorm's too), each drawn and handed to the network by
-    ``torch.func.functional_call``, the closed-form KL to N(0, 1), fused Adam.
-    """
-
-    def __init__(self, net: Net, device: torch.device, fused: bool) -> None:
-        self.net, self.module = net, net.module().to(device)
-        rho = INIT_SCALE + math.log(-math.expm1(-INIT_SCALE))
-        params = dict(self.module.named_parameters())
-        self.locs = {n: p.detach().clone().requires_grad_() for n, p in params.items()}
-        self.rhos = {n: torch.full_like(p, rho).requires_grad_() for n, p in params.items()}
-        self.optim = default_adam([*self.locs.values(), *self.rhos.values()], fused)
-
-    def step(self, x: torch.Tensor, y: torch.Tensor) -> float:
-        weights, kl = {}, 0.0
-        for name, mu in self.locs.items():
-            sigma = F.softplus(self.rhos[name])
-            weights[name] = mu + sigma * torch.randn_like(mu)
-            kl = kl + 0.5 * (sigma.square() + mu.square() - 1).sum() - sigma.log().sum()
-        h = torch.func.functional_call(self.module, weights, (x,))
-        loss = -_log_likelihood(self.net, h, y) * (self.net.num_data / len(x)) + kl
-        return _update(self.optim, loss)
-
-
-class BayesianTorch:
-    """bayesian-torch's ``dnn_to_bnn`` on the same network (its layers, its KL), fused Adam."""
-
-    def __init__(self, net: Net, device: torch.device, fused: bool) -> None:
-        from bayesian_torch.models.dnn_to_bnn import dnn_to_bnn, get_kl_loss
-
-        self.net, self.module, self.kl = net, net.module(), get_kl_loss
-        rho = INIT_SCALE + math.log(-math.expm1(-INIT_SCALE))
-        prior = {"prior_mu": 0.0, "prior_sigma": 1.0, "posterior_mu_init": 0.0,
-                 "posterior_rho_init": rho, "type": "Reparameterization",
-                 "moped_enable": False}  # fmt: skip
-        dnn_to_bnn(self.module, prior)
-        self.module.to(device)
-        self.optim = default_adam(list(self.module.parameters()), fused)
-
-    def step(self, x: torch.Tensor, y: torch.Tensor) -> float:
-        h = self.module(x)
-        loss = -_log_likelihood(self.net, h, y) * (self.net.num_data / len(x))
-        loss = loss + self.kl(self.module)
-        return _update(self.optim, loss)
-
-
-def has_bayesian_torch() -> bool:
-    """Whether bayesian-torch is installed (its rows are left out otherwise)."""
-    try:
-        import bayesian_torch  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-# ----------------------------------------------------------------------------- Pyro floor
-class BarePyro:
-    """The least Pyro program with the same semantics: the floor for any Pyro-based step.
-
-    A guide of ``pyro.param`` and ``pyro.sample(Normal(μ, softplus(ρ)).to_event())`` per
-    weight, a model of ``pyro.sample`` per weight from a prior built once, ``F.linear``
-    and a subsampled data plate; traced and replayed as an ELBO does, the reference's
-    closed-form KL on the guide's parameters, fused Adam. No modules, handlers or checks.
-    """
-
-    def __init__(self, net: Net, device: torch.device, fused: bool) -> None:
-        self.net = net
-        rho = INIT_SCALE + math.log(-math.expm1(-INIT_SCALE))
-        self.sites: list[tuple[str, torch.Size]] = []
-        self.params: list[torch.Tensor] = []
-        for i, module in enumerate(net.module().to(device)):
-            if isinstance(module, nn.Linear):
-                for kind, p in (("weight", module.weight), ("bias", module.bias)):
-                    name = f"bare.{i}.{kind}"
-                    loc = pyro.param(f"{name}.loc", p.detach().clone())
-                    scale = pyro.param(f"{name}.rho", torch.full_like(p, rho))
-                    self.params += [loc.unconstrained(), scale.unconstrained()]
-                    self.sites.append((name, p.shape))
-        zero = torch.zeros((), device=device)
-        self.priors = {
-            name: dist.Normal(zero, 1.0).expand(shape).to_event(len(shape))
-            for name, shape in self.sites
-        }
-        self.optim = default_adam(self.params, fused)
-        self.subsample = torch.arange(net.batch, device=device)
-
-    def guide(self, x, y):
-        for name, shape in self.sites:
-            loc, rho = pyro.param(f"{name}.loc"), pyro.param(f"{name}.rho")
-            pyro.sample(name, dist.Normal(loc, F.softplus(rho)).to_event(len(shape)))
-
-    def model(self, x, y):
-        h = x
-        names = [name for name, _ in self.sites]
-        for k in range(0, len(names), 2):
-            w = pyro.sample(names[k], self.priors[names[k]])
-            b = pyro.sample(names[k + 1], self.priors[names[k + 1]])
-            h = F.linear(h, w, b)
-            if k + 2 < len(names):
-                h = F.relu(h)
-        with pyro.plate("data", self.net.num_data, subsample=self.subsample[: len(x)]):
-            if self.net.task == "regression":
-                pyro.sample("obs", dist.Normal(h.squeeze(-1), 0.1), obs=y)
-            else:
-                pyro.sample("obs", dist.Categorical(logits=h), obs=y)
-
-    def step(self, x, y):
-        with pyro.validation_enabled(False):
-            self._step(x, y)
-
-    def _step(self, x, y):
-        guide_trace = poutine.trace(self.guide).get_trace(x, y)
-        model_trace = poutine.trace(poutine.replay(self.model, guide_trace)).get_trace(x, y)
-        obs = model_trace.nodes["obs"]
-        loss = -obs["fn"].log_prob(obs["value"]).sum() * obs["scale"]
-        for name, _ in self.sites:  # the reference's KL to N(0, 1), from the guide's site
-            q = guide_trace.nodes[name]["fn"].base_dist
-            loss = loss + 0.5 * (q.scale.square() + q.loc.square() - 1).sum() - q.scale.log().sum()
-        self.optim.zero_grad(set_to_none=True)
-        loss.backward()
-        self.optim.step()
-
-
-# ----------------------------------------------------------------------------- pyro_bbb
-def bnn(net: Net, device: torch.device) -> pyro_bbb.BNN:
-    likelihood = (
-        pyro_bbb.likelihoods.Gaussian(scale=0.1)
-        if net.task == "regression"
-        else pyro_bbb.likelihoods.Categorical()
-    )
-    model = pyro_bbb.BNN(pyro_bbb.bayesianize(net.module()), likelihood, num_data=net.num_data)
-    return model.to(device)
-
-
-class _EnoughStepsError(Exception):
-    """Raised by the timer to leave ``fit`` after the steps it needs."""
-
-
-class _StepTimer(pyro_bbb.Callback):
-    """Time every step of ``fit`` from the inside; stop it after ``steps`` steps."""
-
-    def __init__(self, steps: int, memory: Callable[[], None] | None = None) -> None:
-        self.steps, self.memory = steps, memory
-        self.stamps: list[float] = []
-
-    def on_fit_start(self, params, history) -> None:
-        if self.memory is not None:
-            self.memory()  # reset the peak just before the first step
-
-    def on_after_backward(self, params, step: int) -> None:
-        sync()
-        self.stamps.append(clock())
-        if len(self.stamps) > self.steps + 1:
-            raise _EnoughStepsError
-
-    def times(self) -> list[float]:
-        # The first interval holds the optimiser's first step, which creates its state.
-        return [b - a for a, b in itertools.pairwise(self.stamps)][1:]
-
-
-class FitSteps:
-    """``pyro_bbb.fit`` on one model and guide, ``steps`` steps per call."""
-
-    def __init__(
-        self, net: Net, x, y, device, guide: str, reparam: str | None, members: int = 0
-    ) -> None:
-        self.net, self.x, self.y, self.reparam = net, x, y, reparam
-        self.model = bnn(net, device)
-        name = f"{guide}-{reparam}-{members}-{id(self)}"
-        if guide == "meanfield":
-            family = partial(pyro_bbb.MeanFieldGuide, init_scale=INIT_SCALE, name=name)
-        else:
-            family = partial(
-                pyro_bbb.LowRankGuide, rank=4, blocks="layer", init_scale=INIT_SCALE, name=name
-            )
-        self.guide = family(self.model) if not members else Ensemble(self.model, family, k=members)
-
-    def __call__(self, steps: int, memory: Callable[[], None] | None = None) -> list[float]:
-        timer = _StepTimer(steps, memory)
-        with contextlib.suppress(_EnoughStepsError), warnings.catch_warnings():
-            warnings.simplefilter("ignore", pyro_bbb.ConvergenceWarning)  # a timing, not a fit
-            pyro_bbb.fit(
-                self.model,
-                self.guide,
-                self.x,
-                self.y,
-                epochs=1,
-                batch_size=self.net.batch,
-                lr=LR,
-                reparam=self.reparam,
-                num_particles=1,  # the reference draws one sample a step
-                progress=False,
-                callbacks=[timer],
-            )
-        return timer.times()
-
-
-class FitEpochs(FitSteps):
-    """``pyro_bbb.fit`` timed by whole epochs, from ``History.seconds`` (for CUDA).
-
-    A captured step cannot call ``on_after_backward``, so the steps are not timed one by
-    one: each call fits two epochs of :data:`EPOCH_STEPS` steps (the data cut to that many
-    batches), and the second's seconds, divided by its steps, stand for each of its steps.
-    The first, which warms up and captures the step, is left out.
-    """
-
-    def __init__(self, net: Net, x, y, device, guide: str, reparam: str | None, members: int = 0,
-                 *, cuda_graph: bool | None = None) -> None:  # fmt: skip
-        del x, y  # its own data: EPOCH_STEPS batches
-        short = dataclasses.replace(net, num_data=net.batch * EPOCH_STEPS)
-        super().__init__(short, *short.data(device), device, guide, reparam, members)
-        self.cuda_graph = cuda_graph
-
-    def __call__(self, steps: int, memory: Callable[[], None] | None = None) -> list[float]:
-        if memory is not None:
-            memory()
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", pyro_bbb.ConvergenceWarning)  # a timing, not a fit
-            history = pyro_bbb.fit(
-                self.model, self.guide, self.x, self.y, epochs=2, batch_size=self.net.batch,
-                lr=LR, reparam=self.reparam, num_particles=1, progress=False,
-                cuda_graph=self.cuda_graph,
-            )  # fmt: skip
-        return [history.seconds[1] / EPOCH_STEPS] * EPOCH_STEPS
-
-
-class LoopSteps:
-    """A ``step(xb, yb)`` function over shuffled minibatches, timed step by step."""
-
-    def __init__(self, net: Net, x, y, step: Callable) -> None:
-        self.net, self.x, self.y, self.step = net, x, y, step
-
-    def _batches(self):
-        """Shuffled minibatch indices, epoch after epoch, as fit draws them."""
-        while True:
-            order = torch.randperm(self.net.num_data, device=self.x.device)
-            yield from order.split(self.net.batch)
-
-    def __call__(self, steps: int, memory: Callable[[], None] | None = None) -> list[float]:
-        batches = self._batches()
-        if memory is not None:
-            memory()
-        times = []
-        for _, idx in zip(range(steps + 1), batches, strict=False):
-            start = clock()
-            self.step(self.x[idx], self.y[idx])
-            sync()
-            times.append(clock() - start)
-        return times[1:]
-
-
-def svi_steps(net: Net, x, y, device, guide: str) -> LoopSteps:
-    model = bnn(net, device)
-    if guide == "autonormal":
-        svi = SVI(model, AutoNormal(model, init_scale=INIT_SCALE), pyro.optim.Adam({"lr": LR}),
-                  Trace_ELBO())  # fmt: skip
-    else:
-        g = pyro_bbb.MeanFieldGuide(model, init_scale=INIT_SCALE, name=f"svi-{id(model)}")
-        svi = SVI(model, g, pyro.optim.Adam({"lr": LR}), AnnealedELBO(1.0))
-
-    def step(xb, yb):
-        with pyro.validation_enabled(False):
-            svi.step(xb, yb)
-
-    return LoopSteps(net, x, y, step)
 
 
 def configurations(net: Net, device: torch.device, x, y, fused: bool) -> dict[str, Callable]:
@@ -646,12 +175,6 @@ def only(configs: dict[str, Callable], patterns: str | None) -> dict[str, Callab
 
 # ----------------------------------------------------------------------------- measuring
 DEVICE = torch.device("cpu")
-clock: Callable[[], float] = time.process_time
-
-
-def sync() -> None:
-    if DEVICE.type == "cuda":
-        torch.cuda.synchronize()
 
 
 def fused_default(device: torch.device) -> bool:
@@ -796,7 +319,7 @@ def throughput_table(args) -> None:
 
 
 def main() -> None:
-    global DEVICE, clock
+    global DEVICE
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
         "--nets", default="small,large", help="comma-separated: small,large,resnet,lstm"
@@ -837,7 +360,8 @@ def main() -> None:
     args.clock = args.clock or ("wall" if DEVICE.type == "cuda" else "cpu")
     if args.clock == "cpu" and DEVICE.type == "cuda":
         parser.error("--clock cpu does not see the GPU's time; use --clock wall with cuda")
-    clock = time.process_time if args.clock == "cpu" else time.perf_counter
+    CLOCK.device = DEVICE
+    CLOCK.now = time.process_time if args.clock == "cpu" else time.perf_counter
     if args.memory_of:
         pyro.set_rng_seed(args.seed)
         print(json.dumps({"mib": memory_of(*args.memory_of, args.memory_steps)}))

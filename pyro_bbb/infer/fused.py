@@ -61,6 +61,12 @@ from ..model import BNN
 from ..nn.affine import AffineMap
 from ..nn.layers import BayesianAffine, BayesianLayer
 from ._low_rank_block import LowRankBlock, cholesky
+from ._low_rank_draw import (
+    LowRankDraw,
+    compiled_draw_applies,
+    prepare_kernels,
+    prior_constants,
+)
 from ._mean_field_block import MeanFieldBlock, SiteLayout
 from .elbo import AnnealedELBO, ELBOTerms
 from .ensemble import Ensemble
@@ -178,6 +184,7 @@ def fused_elbo(
     draws.splits = {None: None, "local": "variance", "flipout": "value"}[reparam]
     if ensemble is not None:
         draws.particle_padding = ()  # the members' parameters carry the data plate's dim
+    draws.prepare()
     return FusedELBO(model, elbo, draws, _OPS[reparam])
 
 
@@ -311,6 +318,9 @@ class _Draws:
 
     def draw(self, sample: tuple[int, ...]) -> _Draw:
         raise NotImplementedError
+
+    def prepare(self) -> None:
+        """Build what the draws will need once, before the first step (nothing by default)."""
 
     def parameters(self) -> list[torch.Tensor]:
         raise NotImplementedError
@@ -546,26 +556,31 @@ class _LowRankDraws(_Draws):
         closed, sampled = [], []
         for block, refs in zip(self._blocks, self._refs, strict=True):
             loc, rho, factor_t = (ref.module_value() for ref in refs)
-            scale = scale_from_rho(rho, guide.min_scale)
             # loc: (d,), or (K, 1, d) for an ensemble's members (factor_t (K, 1, rank, d))
             eps_diag = _standard_normal((*sample, *loc.shape), loc)
             eps_factor = _standard_normal((*sample, *loc.shape[:-1], guide.rank), loc)
-            if priors is not None:
-                groups = self._prior_groups(block, priors)
-                shared, twice_kl = _block_draws(loc, scale, factor_t, eps_factor, groups)
-            elif loc.dim() > 1:
-                shared = loc + (eps_factor.unsqueeze(-2) @ factor_t).squeeze(-2)
-            else:
-                shared = loc + eps_factor @ factor_t
             # Local reparameterisation reads μ + Vε₂ and σ² only: with a closed-form KL the
             # draw θ is not formed (ε₁ is still drawn, as the traced guide draws it).
             unused = self.splits == "variance" and priors is not None
-            if unused:
-                theta = shared
-            elif self.splits:  # the estimator reads μ + Vε₂ as well
-                theta = torch.addcmul(shared, scale, eps_diag)
-            else:  # into the draw's own buffer: one buffer of the block's size fewer
-                theta = shared.addcmul_(scale, eps_diag)
+            noise = (eps_diag, eps_factor)
+            fused = self._fused_draw(block, priors, sample, (loc, rho, factor_t), noise)
+            if fused is not None:  # the whole draw and its KL in two compiled passes
+                theta, twice_kl, groups = fused
+            else:
+                scale = scale_from_rho(rho, guide.min_scale)
+                if priors is not None:
+                    groups = self._prior_groups(block, priors)
+                    shared, twice_kl = _block_draws(loc, scale, factor_t, eps_factor, groups)
+                elif loc.dim() > 1:
+                    shared = loc + (eps_factor.unsqueeze(-2) @ factor_t).squeeze(-2)
+                else:
+                    shared = loc + eps_factor @ factor_t
+                if unused:
+                    theta = shared
+                elif self.splits:  # the estimator reads μ + Vε₂ as well
+                    theta = torch.addcmul(shared, scale, eps_diag)
+                else:  # into the draw's own buffer: one buffer of the block's size fewer
+                    theta = shared.addcmul_(scale, eps_diag)
             # one split, not a slice per site: its backward writes each gradient once
             sizes = [piece.stop - piece.start for piece in block.slices]
             pieces = theta.split(sizes, dim=-1)
@@ -603,6 +618,38 @@ class _LowRankDraws(_Draws):
                     kl_terms[piece.site] = term
                     sampled.append(term)
         return _Draw(values, splits, kl_terms, _total(closed), _total(sampled))
+
+    def prepare(self) -> None:
+        """Compile (or load) the blocks' compiled passes now, at set-up, if a step takes them.
+
+        Built in the first step, they would be that step's time and memory (seconds, and
+        Inductor's modules).
+        """
+        if self.splits or self._elbo.num_particles > 1 or self._closed_form_priors() is None:
+            return
+        for refs in self._refs:
+            loc, _, factor_t = (ref.module_value() for ref in refs)
+            if compiled_draw_applies(loc, factor_t):
+                prepare_kernels(loc, factor_t.shape[0], self._guide.min_scale)
+
+    def _fused_draw(self, block, priors, sample, params, noise):
+        """``(θ, G, groups)`` by :class:`~pyro_bbb.infer._low_rank_draw.LowRankDraw`, or ``None``.
+
+        Taken for one draw of a single guide's block under weight sampling, with a
+        closed-form KL to priors of fixed numbers, where the compiled passes run and pay
+        (:func:`~pyro_bbb.infer._low_rank_draw.compiled_draw_applies`).
+        """
+        loc, rho, factor_t = params
+        if priors is None or self.splits or sample or not compiled_draw_applies(loc, factor_t):
+            return None
+        groups = self._prior_groups(block, priors)
+        constants = prior_constants(groups, loc)
+        if constants is None:
+            return None
+        theta, twice_kl = LowRankDraw.apply(
+            loc, rho, factor_t, *noise, *constants, self._guide.min_scale
+        )
+        return theta, twice_kl, groups
 
     @staticmethod
     def _prior_groups(block, priors) -> list[tuple[int, tuple]]:

@@ -101,9 +101,12 @@ def fit(
     before training; the steps then do only the arithmetic. For a :class:`~pyro_bbb.BNN`
     under :class:`~pyro_bbb.MeanFieldGuide` or :class:`~pyro_bbb.LowRankGuide` a step
     evaluates the same ELBO, with the same random draws, without tracing the two programs
-    (:mod:`~pyro_bbb.infer.fused`); every other model, guide or handler is traced. Nothing
-    is read back from the device until an epoch's end (its losses, once); on CUDA the fused
-    step is captured as one CUDA graph and replayed (``cuda_graph``).
+    (:mod:`~pyro_bbb.infer.fused`); every other model, guide or handler is traced. On the
+    CPU a low-rank block of 65,536 numbers or more is drawn, and its KL taken, by two loops
+    compiled with ``torch.compile`` (built once, then loaded from its disk cache in seconds;
+    ``PYRO_BBB_COMPILE=0`` keeps the eager arithmetic, as where compiling fails, which one
+    warning says). Nothing is read back from the device until an epoch's end (its losses,
+    once); on CUDA the fused step is captured as one CUDA graph and replayed (``cuda_graph``).
 
     **Memory on the CPU.** With the environment variable ``PYRO_BBB_KEEP_HEAP=1`` (off by
     default), ``fit`` has glibc's malloc keep the memory a step frees for the next step while

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import pyro
 import pyro.distributions as dist
 import pytest
@@ -104,6 +106,29 @@ def test_layer_blocks_join_each_layers_weight_and_bias():
     assert median["0.weight"].shape == (5, 3) and median["2.bias"].shape == (1,)
     q = guide.quantiles([0.5], x, y)
     assert torch.allclose(q["0.weight"][0], median["0.weight"])
+
+
+@pytest.mark.parametrize("members", [None, 3])
+def test_each_weights_marginal_is_its_block_distributions_mean_and_sd(members):
+    model, x, y = small_problem(Gaussian())
+    if members is None:
+        guide = bbb.LowRankGuide(model, rank=2)
+    else:
+        guide = bbb.Ensemble(model, functools.partial(bbb.LowRankGuide, rank=2), k=members)
+    guide(x, y)
+    low_rank = guide if members is None else guide.members
+    with torch.no_grad():  # away from the initial 3:1 split of the variance
+        for param in low_rank.parameters():
+            param.add_(0.3 * torch.randn_like(param))
+    marginals = low_rank._marginals()
+    for block in low_rank._blocks:
+        fn = low_rank.block_distribution(block)
+        for piece in block.slices:
+            shape = (*low_rank.member_shape, *piece.shape)
+            part = slice(piece.start, piece.stop)
+            loc, sd = (t[..., part].reshape(shape) for t in (fn.mean, fn.stddev))
+            assert torch.equal(marginals[piece.site][0], loc)
+            assert torch.equal(marginals[piece.site][1], sd)
 
 
 def test_low_rank_means_start_from_the_networks_own_initialisation():
