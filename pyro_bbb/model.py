@@ -29,7 +29,7 @@ from .likelihoods import Likelihood
 from .nn.layers import BayesianLayer
 from .nn.network_summary import NetworkSummary, summary
 
-__all__ = ["BNN"]
+__all__ = ["BNN", "check_network_output"]
 
 
 class BNN(PyroModule):
@@ -174,6 +174,7 @@ class BNN(PyroModule):
                 "may take any output"
             )
         batch = x.shape[0]
+        check_network_output(output, batch)
         if y is None:
             plate = pyro.plate("data", batch)
         else:
@@ -229,3 +230,26 @@ def _first_layer_takes_tokens(net: nn.Module) -> bool:
             wrapped = getattr(module, "wrapped_type", type(module))
             return issubclass(wrapped, (nn.Embedding, nn.EmbeddingBag))
     return False
+
+
+def check_network_output(output: torch.Tensor, rows: int) -> None:
+    """Refuse a network output ``(batch,)``: a BNN reads ``(batch, outputs)``.
+
+    A forward that ends in ``.squeeze(-1)`` returns one number per row without an output
+    dim, which the likelihood would read as ``batch`` outputs of one row. A one-dimensional
+    output of ``rows`` numbers is that case, whatever the likelihood (a network's output for
+    a batch always has the batch dim and an output dim).
+
+    Args:
+        output: What the network returned for ``rows`` rows, before any weight draws' dims.
+        rows: The rows of its input.
+
+    Raises:
+        ValueError: If ``output`` is ``(rows,)``, naming the fix.
+    """
+    if output.dim() == 1 and output.shape[0] == rows:
+        raise ValueError(
+            f"the network returned shape ({rows},) for {rows} rows, but a BNN reads a "
+            "network's output as (batch, outputs): return (batch, 1) for one output per row "
+            "(e.g. leave out a final .squeeze(-1) in forward)"
+        )

@@ -409,3 +409,25 @@ def test_named_models_keep_their_own_sites_and_point_estimates():
 def test_model_name_must_be_a_string():
     with pytest.raises(TypeError, match="name"):
         BNN(mlp([2, 1]), likelihoods.Gaussian(), 5, name=3)
+
+
+class _Squeezed(torch.nn.Module):
+    """A regression network whose forward ends in ``.squeeze(-1)``: ``(batch,)``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(3, 1)
+
+    def forward(self, x):
+        return self.fc(x).squeeze(-1)
+
+
+def test_a_network_returning_one_number_per_row_without_an_output_dim_is_refused_naming_the_fix():
+    net = bayesianize(_Squeezed())
+    model = BNN(net, likelihoods.Gaussian(), num_data=20)
+    x, y = torch.randn(20, 3), torch.randn(20)
+    with pytest.raises(ValueError, match=r"returned shape \(20,\) for 20 rows.*\(batch, 1\)"):
+        pyro.poutine.trace(model).get_trace(x, y)
+    guide = MeanFieldGuide(model)
+    with pytest.raises(ValueError, match=r"returned shape \(8,\) for 8 rows.*squeeze"):
+        fit(model, guide, x, y, epochs=1, batch_size=8)

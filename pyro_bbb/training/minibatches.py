@@ -30,6 +30,7 @@ from .._validation import (
     check_same_rows,
     conversion_hint,
 )
+from ..model import check_network_output
 from ..nn.draws import kept_buffers
 
 __all__ = ["Batches", "check_likelihood_scale", "epoch_order", "make_batches"]
@@ -282,6 +283,7 @@ def _check_data(
                 out = net(x if rows is None else x[:rows])
             if not isinstance(out, torch.Tensor):
                 return  # not one tensor: the model says so when it runs (BNN.forward)
+            check_network_output(out, len(x) if rows is None else min(rows, len(x)))
             widths["out"] = out.shape[-1]
         likelihood.check_target(y, widths["out"])
 
