@@ -56,6 +56,9 @@ EXTENDED: dict[str, dict[str, str]] = {
         "test_the_chains_record_the_energy_that_arviz_bfmi_reads": NUTS,
         "test_sequential_chains_in_float32_return_the_model_s_dtype": NUTS,
     },
+    "tests/test_howto.py": {
+        "test_compare_with_nuts_runs_as_written": f"{NUTS} (the page's chains; 36 s)",
+    },
     "tests/evaluation/test_comparison.py": {
         "test_the_vi_vs_nuts_example_runs_end_to_end": f"{NUTS} (its short form samples; 24 s)",
     },
