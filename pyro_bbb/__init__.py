@@ -10,10 +10,12 @@ with NUTS, :func:`to_inference_data` exports VI and NUTS to ArviZ,
 :func:`posterior_summary` sums a guide's posterior up by site or layer, :func:`psis_khat`
 diagnoses a guide and :func:`compare` sets two posteriors side by side. :func:`fit` trains
 data-parallel under ``torchrun`` and writes checkpoints it can resume from; :func:`save` and
-:func:`load` carry a trained model and guide to another process. :func:`fit` trains until
-it has converged by default and warns with :class:`ConvergenceWarning` when a run ends
-before, and with :class:`PosteriorCollapseWarning` when the posterior ends at its prior
-while the network misses structure in the data. For data that arrive as a stream,
+:func:`load` carry a trained model and guide to another process. By default :func:`fit`
+trains until more training stops paying (``until="converged"``: until the posterior stops
+moving), goes on from where it ended when given a fitted guide again, and warns with
+:class:`ConvergenceWarning` when a budget ends a run before its test passed, and with
+:class:`PosteriorCollapseWarning` when the posterior ends at its prior while the network
+misses structure in the data. For data that arrive as a stream,
 :class:`LoFi` and :class:`RVGA` update the posterior one minibatch at a time in closed
 form, in one pass (:class:`LowRankPrecisionGuide` is their belief as a guide).
 
