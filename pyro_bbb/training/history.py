@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
-__all__ = ["History"]
+__all__ = ["EpochRecord", "History"]
 
 
 class _Check(Protocol):
@@ -26,8 +26,13 @@ class _Check(Protocol):
         ...
 
 
-class _Epoch(Protocol):
-    """What a History reads of one epoch's record (:class:`~.steps.EpochRecord`)."""
+class EpochRecord(NamedTuple):
+    """One epoch of a fit, as :class:`~pyro_bbb.History` records it.
+
+    ``loss``, ``nll`` and ``kl`` are the means over the epoch's steps (and over processes),
+    ``beta`` and ``lr`` the mean β and learning rate, ``seconds`` the epoch's wall-clock time
+    and ``steps`` the optimiser steps taken by its end, counted from the start of the fit.
+    """
 
     loss: float
     nll: float
@@ -141,7 +146,7 @@ class History:
         return None if self.convergence is None else self.convergence.converged
 
     def append_epoch(
-        self, record: _Epoch, collapsed: float, stage: str, scores: tuple[float, float, float]
+        self, record: EpochRecord, collapsed: float, stage: str, scores: tuple[float, float, float]
     ) -> None:
         """Append one epoch to every list: its record, collapse, stage and scores read.
 

@@ -15,7 +15,25 @@ from typing import Any
 
 import torch
 
-__all__ = ["OptimizerSpec", "make_optimizer", "reset_moments", "why_not_capturable"]
+__all__ = [
+    "BOUNDED_STEP",
+    "OptimizerSpec",
+    "make_optimizer",
+    "reset_moments",
+    "why_not_capturable",
+]
+
+#: Optimisers whose step the rate bounds, for which ``fit`` chooses rates: Adam and its
+#: kin, RMSprop and Adagrad (subclasses too).
+BOUNDED_STEP: tuple[type[torch.optim.Optimizer], ...] = (
+    torch.optim.Adam,
+    torch.optim.AdamW,
+    torch.optim.Adamax,
+    torch.optim.NAdam,
+    torch.optim.RAdam,
+    torch.optim.RMSprop,
+    torch.optim.Adagrad,
+)
 
 OptimizerSpec = type[torch.optim.Optimizer] | Callable[[list[torch.Tensor]], torch.optim.Optimizer]
 """A ``torch.optim.Optimizer`` class (built with ``lr``) or a function params -> optimiser."""
@@ -110,13 +128,6 @@ def reset_moments(optimizer: torch.optim.Optimizer) -> None:
                     state[key] = type(value)(0)
 
 
-_RESETTABLE = (
-    torch.optim.Adam,
-    torch.optim.AdamW,
-    torch.optim.Adamax,
-    torch.optim.NAdam,
-    torch.optim.RAdam,
-    torch.optim.RMSprop,
-    torch.optim.Adagrad,
-    torch.optim.SGD,
-)
+#: Optimisers whose state is tensors and step counts only, zeroed in place: those whose step
+#: the rate bounds (Adam and its kin, RMSprop, Adagrad) and SGD.
+_RESETTABLE = (*BOUNDED_STEP, torch.optim.SGD)

@@ -10,8 +10,8 @@ from __future__ import annotations
 import math
 
 from .._display import show_progress
+from .history import EpochRecord
 from .run_length import RunLength
-from .steps import EpochRecord
 
 __all__ = ["Progress", "show_progress"]
 

@@ -50,7 +50,7 @@ from pyro.distributions import constraints
 
 from ..infer.guides._base import SiteGuide
 from ..nn.layers import initial_values
-from .optimizers import OptimizerSpec, make_optimizer
+from .optimizers import BOUNDED_STEP, OptimizerSpec, make_optimizer
 
 __all__ = [
     "BOUNDED_STEP",
@@ -72,17 +72,6 @@ MAX_LR = 1e-2
 STEP_SHARE = 1 / 16
 #: Rates within this factor of a group's highest share the group (:func:`rate_groups`).
 GROUP_SPREAD = 1.2
-#: Optimisers whose step the rate bounds, for which ``fit`` chooses rates: Adam and its
-#: kin, RMSprop and Adagrad (subclasses too).
-BOUNDED_STEP: tuple[type[torch.optim.Optimizer], ...] = (
-    torch.optim.Adam,
-    torch.optim.AdamW,
-    torch.optim.Adamax,
-    torch.optim.NAdam,
-    torch.optim.RAdam,
-    torch.optim.RMSprop,
-    torch.optim.Adagrad,
-)
 
 
 @dataclass(frozen=True)

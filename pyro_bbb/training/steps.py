@@ -10,7 +10,7 @@ For a :class:`~pyro_bbb.BNN` under this package's guides the terms come from
 :class:`~pyro_bbb.infer.fused.FusedELBO` (the same terms without tracing the two programs)
 when ``fit`` passes one. Pyro's validation is off during the steps: ``fit`` checked the first
 step's distributions once, before training. :class:`Steps` also takes one pass over the
-minibatches and returns the epoch's means as an :class:`EpochRecord`; what ``fit`` does with
+minibatches and returns the epoch's means as an :class:`~.history.EpochRecord`; what ``fit`` does with
 them (the History, progress, checkpoints) is the loop's business.
 
 An epoch reads nothing back from the device until its end: each step's terms go into a row
@@ -26,7 +26,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
-from typing import Any, NamedTuple
+from typing import Any
 
 import pyro
 import torch
@@ -36,28 +36,12 @@ from ..infer.fused import FusedELBO
 from .callbacks import Callback
 from .captured import StaticSteps
 from .distributed import DataParallel
+from .history import EpochRecord
 from .lr_schedules import LRSchedule
 from .minibatches import Batches
 from .records import StepRecords, non_finite_error, record_row
 
-__all__ = ["EpochRecord", "Steps"]
-
-
-class EpochRecord(NamedTuple):
-    """One epoch of a fit, as :class:`~pyro_bbb.History` records it.
-
-    ``loss``, ``nll`` and ``kl`` are the means over the epoch's steps (and over processes),
-    ``beta`` and ``lr`` the mean β and learning rate, ``seconds`` the epoch's wall-clock time
-    and ``steps`` the optimiser steps taken by its end, counted from the start of the fit.
-    """
-
-    loss: float
-    nll: float
-    kl: float
-    beta: float
-    lr: float
-    seconds: float
-    steps: int
+__all__ = ["Steps"]
 
 
 class Steps:
