@@ -67,7 +67,12 @@ from ._low_rank_draw import (
     prepare_kernels,
     prior_constants,
 )
-from ._mean_field_block import MeanFieldBlock, SiteLayout
+from ._mean_field_block import (
+    MeanFieldBlock,
+    PackedMeanFieldBlock,
+    SiteLayout,
+    packed_block_runs,
+)
 from .elbo import AnnealedELBO, ELBOTerms
 from .ensemble import Ensemble
 from .guides import LowRankGuide, MeanFieldGuide
@@ -433,11 +438,38 @@ class _MeanFieldDraws(_Draws):
         """Whether a draw of ``sample`` draws every site in one :class:`MeanFieldBlock`."""
         return self._layout(sample) is not None
 
+    def prepare(self) -> None:
+        """Pack the guide's parameters now, at set-up, if the steps take the packed block.
+
+        The packing only moves their values into two buffers (each parameter the same
+        tensor, a view of them); done in the first step, it would be that step's time.
+        """
+        if self._elbo.num_particles == 1 and self._layout(()) is not None:
+            self._packed(())
+
+    def _packed(self, sample: tuple[int, ...]):
+        """The guide's packed parameters when a block's draw of ``sample`` takes them."""
+        if sample or not packed_block_runs(self._refs[0][0].module_value().device):
+            return None
+        return self._guide._packed()
+
     def _block_draw(self, layout: SiteLayout, sample: tuple[int, ...]) -> _Draw:
-        """Every site in one pass (:class:`~pyro_bbb.infer._mean_field_block.MeanFieldBlock`)."""
-        locs = [loc_ref.module_value() for loc_ref, _ in self._refs]
-        rhos = [rho_ref.module_value() for _, rho_ref in self._refs]
-        total, kl, *values = MeanFieldBlock.apply(layout, sample, *locs, *rhos)
+        """Every site in one pass (:class:`~pyro_bbb.infer._mean_field_block.MeanFieldBlock`).
+
+        One draw on the CPU takes the guide's packed parameters
+        (:class:`~pyro_bbb.infer._mean_field_block.PackedMeanFieldBlock`): a few calls over
+        the whole network instead of some twenty a site.
+        """
+        packed = self._packed(sample)
+        if packed is not None:
+            locs, rhos = packed
+            total, kl, *values = PackedMeanFieldBlock.apply(
+                layout, locs.buffer, rhos.buffer, *locs.tensors, *rhos.tensors
+            )
+        else:
+            locs = [loc_ref.module_value() for loc_ref, _ in self._refs]
+            rhos = [rho_ref.module_value() for _, rho_ref in self._refs]
+            total, kl, *values = MeanFieldBlock.apply(layout, sample, *locs, *rhos)
         names = [site.name for site in self._sites]
         return _Draw(
             dict(zip(names, values, strict=True)),
