@@ -59,6 +59,7 @@ from .._shapes import sample_dims_of
 from ..likelihoods import Bernoulli, Categorical, Gaussian
 from ..model import BNN
 from ..nn.affine import AffineMap
+from ..nn.draws import one_draw
 from ..nn.layers import BayesianAffine, BayesianLayer
 from ._low_rank_block import LowRankBlock, cholesky
 from ._low_rank_draw import (
@@ -189,6 +190,7 @@ def fused_elbo(
     draws.splits = {None: None, "local": "variance", "flipout": "value"}[reparam]
     if ensemble is not None:
         draws.particle_padding = ()  # the members' parameters carry the data plate's dim
+        draws.members = True
     draws.prepare()
     return FusedELBO(model, elbo, draws, _OPS[reparam])
 
@@ -249,7 +251,8 @@ class FusedELBO:
             for name, value in draw.values.items():
                 set_cached_value(model, name, value)
             layers = nullcontext() if self._op is None else _GivenSplits(self._op, draw.splits)
-            with layers:
+            one = not sample and not self._draws.members  # no sample dims on any value
+            with layers, one_draw() if one else nullcontext():
                 output = model.net(x)
             log_lik = model.likelihood.log_prob(output, y).sum()
         batch = x.shape[0]
@@ -320,6 +323,9 @@ class _Draws:
     #: model's data plate, ``(1,)``; none for an ensemble's members, whose parameters
     #: ``(K, 1, *shape)`` carry the member plate and the data plate's dim themselves.
     particle_padding: tuple[int, ...] = (1,)
+
+    #: Whether the parameters carry an ensemble's member dim (so every draw has sample dims).
+    members: bool = False
 
     def draw(self, sample: tuple[int, ...]) -> _Draw:
         raise NotImplementedError
