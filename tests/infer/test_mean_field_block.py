@@ -169,3 +169,12 @@ def test_the_packed_block_runs_on_the_cpu_and_says_once_where_it_does_not():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert not packed_block_runs(torch.device("cuda"))  # once
+
+
+@pytest.mark.parametrize("sizes", [[3, 40, 7], [70_000, 80_000, 10]], ids=["small", "large"])
+def test_each_sites_sum_of_a_packed_buffer_is_its_stretchs_sum(sizes):
+    # small layouts sum by one product with a 0/1 matrix, large ones a site at a time
+    layout = SiteLayout([torch.Size([n]) for n in sizes], [0.0] * 3, [1.0] * 3, 1e-6)
+    terms = torch.randn(sum(sizes), generator=torch.Generator().manual_seed(0))
+    expected = torch.stack([piece.double().sum() for piece in terms.split(sizes)])
+    torch.testing.assert_close(layout.site_sums(terms).double(), expected, rtol=1e-5, atol=1e-3)
