@@ -281,16 +281,16 @@ class PackedMeanFieldBlock(torch.autograd.Function):
         value = torch.addcmul(locs, scale, eps)
         half_coef, prior_loc = layout.packed_prior(locs)
         deviation = locs if prior_loc is None else locs - prior_loc
-        # per weight c/2 (σ² + (μ - m)²) - log σ, summed over each site's stretch
+        # per weight log σ - c/2 (σ² + (μ - m)²), summed over each site's stretch: -KL_j
         if isinstance(half_coef, float):
-            terms = scale.log().neg_()
-            terms.addcmul_(scale, scale, value=half_coef)
-            terms.addcmul_(deviation, deviation, value=half_coef)
+            terms = scale.log()
+            terms.addcmul_(scale, scale, value=-half_coef)
+            terms.addcmul_(deviation, deviation, value=-half_coef)
         else:
             terms = torch.mul(scale, scale).addcmul_(deviation, deviation).mul_(half_coef)
-            terms.sub_(scale.log())
+            terms = scale.log().sub_(terms)
         _, constant = layout.site_constants(locs)
-        kl = layout.site_sums(terms).add_(constant)
+        kl = torch.sub(constant, layout.site_sums(terms))
         sites = params[: len(layout.sizes)]  # each site's shape
         ctx.layout, ctx.sites, ctx.saved = layout, sites, (deviation, rhos, scale, eps)
         ctx.mark_non_differentiable(kl)

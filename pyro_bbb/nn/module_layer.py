@@ -108,8 +108,9 @@ class BayesianModule(PyroNameSharing, BayesianLayer):
         """
         values = {}
         draw = current_draw()  # inside a per-draw pass, the values read are the draw's own
+        names = self._site_names()
         for name in self.parameter_names:
-            value = getattr(self, name)
+            value = self._value(name, names)
             if value is None:
                 continue
             dims = len(self.parameter_shape(name))
