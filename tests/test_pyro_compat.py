@@ -136,3 +136,21 @@ def test_a_flat_tensor_is_cut_into_views_and_tensors_put_end_to_end():
     assert torch.equal(joined, flat) and joined.data_ptr() != flat.data_ptr()
     one = compat.concatenated([views[0]])  # a new tensor even for one
     assert torch.equal(one, flat[:6]) and one.data_ptr() != flat.data_ptr()
+
+
+def test_the_fused_adam_kernel_steps_as_torchs_fused_adam():
+    p = torch.nn.Parameter(torch.tensor([1.0, -2.0, 3.0]))
+    q = p.detach().clone()
+    optim = torch.optim.Adam([p], lr=0.1, fused=True)
+    avg, avg_sq, count = torch.zeros(3), torch.zeros(3), torch.zeros(())
+    for step in range(3):
+        grad = torch.tensor([0.5, -1.0, 2.0]) * (step + 1)
+        p.grad = grad.clone()
+        optim.step()
+        count.add_(1)  # the caller counts, as Adam does before its kernel
+        compat.fused_adam_step(
+            [q], [grad], [avg], [avg_sq], [count],
+            lr=0.1, beta1=0.9, beta2=0.999, weight_decay=0.0, eps=1e-8,
+        )  # fmt: skip
+    assert torch.equal(p.detach(), q)
+    assert torch.equal(optim.state[p]["exp_avg_sq"], avg_sq)
