@@ -35,7 +35,10 @@ class MeanFieldGuide(GaussianGuide, SiteWiseGuide):
         \sigma_i = \text{softplus}(\rho_i) + \sigma_{\min}
 
     (Blundell et al. 2015, https://arxiv.org/abs/1505.05424). Parameters are created on the
-    first call, on the model's device: ``locs.<site>`` and ``rhos.<site>``.
+    first call, on the model's device: ``locs.<site>`` and ``rhos.<site>``. On the CPU,
+    ``fit`` keeps each kind in one buffer, every parameter a view of its stretch (the same
+    tensors and names), so that its step takes every site in a few calls; ``torch.save`` of
+    one such parameter alone writes its whole buffer.
 
     Args:
         model: The Pyro model, e.g. a :class:`~pyro_bbb.BNN`.
