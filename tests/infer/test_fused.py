@@ -223,6 +223,27 @@ def test_fused_terms_equal_the_traced_elbo_on_networks_as_users_write_them(name,
         _compare(model, q, x, y, None, num_particles=particles)
 
 
+def test_one_draw_of_the_fused_step_reaches_a_network_without_the_runner_reading_its_sites(
+    monkeypatch,
+):
+    import pyro_bbb.nn.draws.per_draw as per_draw
+
+    torch.manual_seed(0)
+    net, x, y, likelihood = _user_network("lstm")
+    model = BNN(bayesianize(net), likelihood, num_data=N)
+    guide = MeanFieldGuide(model, init_scale=0.1)
+    read, original = [], per_draw._draw_sites
+    for particles in (1, 2):
+        elbo = AnnealedELBO(1.0, num_particles=particles)
+        elbo.terms(model, guide, x, y)  # sets the guide up
+        fused = fused_elbo(model, guide, elbo, None)
+        read.clear()
+        monkeypatch.setattr(per_draw, "_draw_sites", lambda n: read.append(n) or original(n))
+        fused.terms(x, y)
+        monkeypatch.setattr(per_draw, "_draw_sites", original)
+        assert bool(read) is (particles > 1)  # several draws: the runner reads them
+
+
 @pytest.mark.parametrize("reparam", ["local", "flipout"])
 def test_the_estimators_leave_a_network_with_other_bayesian_modules_to_the_traced_path(reparam):
     torch.manual_seed(0)
