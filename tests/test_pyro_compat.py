@@ -123,3 +123,34 @@ def test_a_tensors_version_counts_its_in_place_changes():
     tensor.add_(1)
     assert compat.tensor_version(tensor) == before + 2
     assert compat.tensor_version(tensor + 1) == 0  # a new tensor starts at 0
+
+
+def test_a_flat_tensor_is_cut_into_views_and_tensors_put_end_to_end():
+    like = [torch.zeros(2, 3), torch.zeros(4), torch.zeros(1, 1)]
+    flat = torch.arange(11.0)
+    views = compat.stretches_of(flat, like)
+    assert [v.shape for v in views] == [t.shape for t in like]
+    assert all(v.untyped_storage().data_ptr() == flat.untyped_storage().data_ptr() for v in views)
+    assert torch.equal(views[1], torch.arange(6.0, 10.0))
+    joined = compat.concatenated(views)
+    assert torch.equal(joined, flat) and joined.data_ptr() != flat.data_ptr()
+    one = compat.concatenated([views[0]])  # a new tensor even for one
+    assert torch.equal(one, flat[:6]) and one.data_ptr() != flat.data_ptr()
+
+
+def test_the_fused_adam_kernel_steps_as_torchs_fused_adam():
+    p = torch.nn.Parameter(torch.tensor([1.0, -2.0, 3.0]))
+    q = p.detach().clone()
+    optim = torch.optim.Adam([p], lr=0.1, fused=True)
+    avg, avg_sq, count = torch.zeros(3), torch.zeros(3), torch.zeros(())
+    for step in range(3):
+        grad = torch.tensor([0.5, -1.0, 2.0]) * (step + 1)
+        p.grad = grad.clone()
+        optim.step()
+        count.add_(1)  # the caller counts, as Adam does before its kernel
+        compat.fused_adam_step(
+            [q], [grad], [avg], [avg_sq], [count],
+            lr=0.1, beta1=0.9, beta2=0.999, weight_decay=0.0, eps=1e-8,
+        )  # fmt: skip
+    assert torch.equal(p.detach(), q)
+    assert torch.equal(optim.state[p]["exp_avg_sq"], avg_sq)

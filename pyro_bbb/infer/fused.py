@@ -59,6 +59,7 @@ from .._shapes import sample_dims_of
 from ..likelihoods import Bernoulli, Categorical, Gaussian
 from ..model import BNN
 from ..nn.affine import AffineMap
+from ..nn.draws import one_draw
 from ..nn.layers import BayesianAffine, BayesianLayer
 from ._low_rank_block import LowRankBlock, cholesky
 from ._low_rank_draw import (
@@ -67,7 +68,12 @@ from ._low_rank_draw import (
     prepare_kernels,
     prior_constants,
 )
-from ._mean_field_block import MeanFieldBlock, SiteLayout
+from ._mean_field_block import (
+    MeanFieldBlock,
+    PackedMeanFieldBlock,
+    SiteLayout,
+    packed_block_runs,
+)
 from .elbo import AnnealedELBO, ELBOTerms
 from .ensemble import Ensemble
 from .guides import LowRankGuide, MeanFieldGuide
@@ -184,6 +190,7 @@ def fused_elbo(
     draws.splits = {None: None, "local": "variance", "flipout": "value"}[reparam]
     if ensemble is not None:
         draws.particle_padding = ()  # the members' parameters carry the data plate's dim
+        draws.members = True
     draws.prepare()
     return FusedELBO(model, elbo, draws, _OPS[reparam])
 
@@ -244,7 +251,8 @@ class FusedELBO:
             for name, value in draw.values.items():
                 set_cached_value(model, name, value)
             layers = nullcontext() if self._op is None else _GivenSplits(self._op, draw.splits)
-            with layers:
+            one = not sample and not self._draws.members  # no sample dims on any value
+            with layers, one_draw() if one else nullcontext():
                 output = model.net(x)
             log_lik = model.likelihood.log_prob(output, y).sum()
         batch = x.shape[0]
@@ -315,6 +323,9 @@ class _Draws:
     #: model's data plate, ``(1,)``; none for an ensemble's members, whose parameters
     #: ``(K, 1, *shape)`` carry the member plate and the data plate's dim themselves.
     particle_padding: tuple[int, ...] = (1,)
+
+    #: Whether the parameters carry an ensemble's member dim (so every draw has sample dims).
+    members: bool = False
 
     def draw(self, sample: tuple[int, ...]) -> _Draw:
         raise NotImplementedError
@@ -433,11 +444,38 @@ class _MeanFieldDraws(_Draws):
         """Whether a draw of ``sample`` draws every site in one :class:`MeanFieldBlock`."""
         return self._layout(sample) is not None
 
+    def prepare(self) -> None:
+        """Pack the guide's parameters now, at set-up, if the steps take the packed block.
+
+        The packing only moves their values into two buffers (each parameter the same
+        tensor, a view of them); done in the first step, it would be that step's time.
+        """
+        if self._elbo.num_particles == 1 and self._layout(()) is not None:
+            self._packed(())
+
+    def _packed(self, sample: tuple[int, ...]):
+        """The guide's packed parameters when a block's draw of ``sample`` takes them."""
+        if sample or not packed_block_runs(self._refs[0][0].module_value().device):
+            return None
+        return self._guide._packed()
+
     def _block_draw(self, layout: SiteLayout, sample: tuple[int, ...]) -> _Draw:
-        """Every site in one pass (:class:`~pyro_bbb.infer._mean_field_block.MeanFieldBlock`)."""
-        locs = [loc_ref.module_value() for loc_ref, _ in self._refs]
-        rhos = [rho_ref.module_value() for _, rho_ref in self._refs]
-        total, kl, *values = MeanFieldBlock.apply(layout, sample, *locs, *rhos)
+        """Every site in one pass (:class:`~pyro_bbb.infer._mean_field_block.MeanFieldBlock`).
+
+        One draw on the CPU takes the guide's packed parameters
+        (:class:`~pyro_bbb.infer._mean_field_block.PackedMeanFieldBlock`): a few calls over
+        the whole network instead of some twenty a site.
+        """
+        packed = self._packed(sample)
+        if packed is not None:
+            locs, rhos = packed
+            total, kl, *values = PackedMeanFieldBlock.apply(
+                layout, locs.buffer, rhos.buffer, *locs.tensors, *rhos.tensors
+            )
+        else:
+            locs = [loc_ref.module_value() for loc_ref, _ in self._refs]
+            rhos = [rho_ref.module_value() for _, rho_ref in self._refs]
+            total, kl, *values = MeanFieldBlock.apply(layout, sample, *locs, *rhos)
         names = [site.name for site in self._sites]
         return _Draw(
             dict(zip(names, values, strict=True)),

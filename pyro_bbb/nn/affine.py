@@ -182,8 +182,11 @@ class ConvMap(AffineMap):
                 f"x must be (*sample, batch, channels, {spatial}), got shape {tuple(x.shape)}"
             )
         weight_sample = sample_dims(weight, event + 1)
-        weight = _squeeze_sample(weight, event + 1, weight_sample)
-        if not weight_sample:
+        if weight.dim() > event + 1:  # (a reshape is one more autograd node: only where needed)
+            weight = _squeeze_sample(weight, event + 1, weight_sample)
+        if not weight_sample and x.dim() == event + 1:  # (batch, channels, *spatial), as nn.Conv
+            out = self._conv(x, weight, self.groups)
+        elif not weight_sample:
             lead = x.shape[:-event]
             out = self._conv(x.reshape(-1, *x.shape[-event:]), weight, self.groups)
             out = out.reshape(*lead, *out.shape[-event:])

@@ -191,6 +191,22 @@ class BayesianLayer(PyroModule):
             self._site_name_cache = cached
         return cached[1]
 
+    def _value(self, param: str, names: dict[str, str]) -> torch.Tensor | None:
+        """``getattr(self, param)``, read first from this run's draws when one was made.
+
+        Inside a run of the network (its ``PyroModule`` context active) a ``PyroSample``
+        returns the value the context holds for the site before it would issue a
+        ``pyro.sample`` statement; this is that lookup, from the cached site name, without
+        Pyro's attribute machinery (which builds the name again on every access). Anything
+        else (no draw yet, a deterministic parameter, no run) goes through ``getattr``.
+        """
+        site = names.get(param)
+        if site is not None:
+            value = cached_value(self, site)  # None outside a run
+            if value is not None:
+                return value
+        return getattr(self, param)
+
     def parameter_shape(self, name: str) -> torch.Size:
         """The shape of parameter ``name``, Bayesian or not."""
         if name in self.priors:
@@ -257,22 +273,6 @@ class BayesianAffine(BayesianLayer):
             weight_site=names.get("weight"),
             bias_site=names.get("bias"),
         )
-
-    def _value(self, param: str, names: dict[str, str]) -> torch.Tensor | None:
-        """``getattr(self, param)``, read first from this run's draws when one was made.
-
-        Inside a run of the network (its ``PyroModule`` context active) a ``PyroSample``
-        returns the value the context holds for the site before it would issue a
-        ``pyro.sample`` statement; this is that lookup, from the cached site name, without
-        Pyro's attribute machinery (which builds the name again on every access). Anything
-        else (no draw yet, a deterministic parameter, no run) goes through ``getattr``.
-        """
-        site = names.get(param)
-        if site is not None:
-            value = cached_value(self, site)  # None outside a run
-            if value is not None:
-                return value
-        return getattr(self, param)
 
     def _check_features(self, x: torch.Tensor) -> None:
         """Raise if ``x``'s trailing dims are not this layer's input features.

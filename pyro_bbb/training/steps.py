@@ -10,8 +10,8 @@ For a :class:`~pyro_bbb.BNN` under this package's guides the terms come from
 :class:`~pyro_bbb.infer.fused.FusedELBO` (the same terms without tracing the two programs)
 when ``fit`` passes one. Pyro's validation is off during the steps: ``fit`` checked the first
 step's distributions once, before training. :class:`Steps` also takes one pass over the
-minibatches and returns the epoch's means as an :class:`~.history.EpochRecord`; what ``fit`` does with
-them (the History, progress, checkpoints) is the loop's business.
+minibatches and returns the epoch's means as an :class:`~.history.EpochRecord`; what ``fit``
+does with them (the History, progress, checkpoints) is the loop's business.
 
 An epoch reads nothing back from the device until its end: each step's terms go into a row
 on the device (:mod:`~pyro_bbb.training.records`), and the epoch's means are read once. A

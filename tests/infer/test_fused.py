@@ -223,6 +223,27 @@ def test_fused_terms_equal_the_traced_elbo_on_networks_as_users_write_them(name,
         _compare(model, q, x, y, None, num_particles=particles)
 
 
+def test_one_draw_of_the_fused_step_reaches_a_network_without_the_runner_reading_its_sites(
+    monkeypatch,
+):
+    import pyro_bbb.nn.draws.per_draw as per_draw
+
+    torch.manual_seed(0)
+    net, x, y, likelihood = _user_network("lstm")
+    model = BNN(bayesianize(net), likelihood, num_data=N)
+    guide = MeanFieldGuide(model, init_scale=0.1)
+    read, original = [], per_draw._draw_sites
+    for particles in (1, 2):
+        elbo = AnnealedELBO(1.0, num_particles=particles)
+        elbo.terms(model, guide, x, y)  # sets the guide up
+        fused = fused_elbo(model, guide, elbo, None)
+        read.clear()
+        monkeypatch.setattr(per_draw, "_draw_sites", lambda n: read.append(n) or original(n))
+        fused.terms(x, y)
+        monkeypatch.setattr(per_draw, "_draw_sites", original)
+        assert bool(read) is (particles > 1)  # several draws: the runner reads them
+
+
 @pytest.mark.parametrize("reparam", ["local", "flipout"])
 def test_the_estimators_leave_a_network_with_other_bayesian_modules_to_the_traced_path(reparam):
     torch.manual_seed(0)
@@ -457,9 +478,12 @@ def _mean_field_step(device: str, particles: int, prior=None) -> set[str]:
 @pytest.mark.parametrize("device", ["cpu", "meta"])
 def test_a_mean_field_step_draws_every_site_in_one_node_on_any_device(device, particles):
     # on the meta device, as on a GPU, the prior's numbers are 0-d tensors on the device,
-    # never read back: the one-node draw takes them there; and it takes a step's particles
+    # never read back: the one-node draw takes them there; and it takes a step's particles.
+    # One draw on the CPU takes the guide's parameters packed in two buffers.
     nodes = _mean_field_step(device, particles)
-    assert "MeanFieldBlockBackward" in nodes
+    packed = device == "cpu" and particles == 1
+    assert ("PackedMeanFieldBlockBackward" in nodes) is packed
+    assert ("MeanFieldBlockBackward" in nodes) is not packed
     assert "AddcmulBackward0" not in nodes  # no site drawn by autograd beside it
 
 
@@ -480,6 +504,7 @@ def test_a_learnable_prior_scale_takes_the_site_by_site_path():
 
     nodes = _mean_field_step("cpu", 1, prior=Learned())
     assert "MeanFieldBlockBackward" not in nodes
+    assert "PackedMeanFieldBlockBackward" not in nodes
 
 
 @pytest.mark.cuda

@@ -132,3 +132,15 @@ def test_conv_map_of_any_dimension_and_its_transpose_matches_a_loop_of_torch_cal
     plain = affine(x, weight[0, 0], bias[0, 0])
     first = fn(x[0] if x_has_samples else x, weight[0, 0], bias[0, 0], **options)
     torch.testing.assert_close(plain[0] if x_has_samples else plain, first)
+
+
+def test_a_plain_weight_on_a_plain_batch_reaches_the_convolution_as_it_is():
+    # as nn.Conv2d: no reshape of the weight or of the activations (each would be one more
+    # autograd node forward and backward, on every convolution of a network)
+    conv = Conv2dMap(padding=1)
+    x = torch.randn(4, 3, 6, 6, requires_grad=True)
+    weight = torch.randn(5, 3, 3, 3, requires_grad=True)
+    out = conv(x, weight, None)
+    torch.testing.assert_close(out, F.conv2d(x, weight, padding=1))
+    assert type(out.grad_fn).__name__ == "ConvolutionBackward0"
+    assert all(type(f).__name__ == "AccumulateGrad" for f, _ in out.grad_fn.next_functions if f)

@@ -235,3 +235,42 @@ def test_vectorised_elbo_particles_flow_through_a_wrapped_module():
     assert history.loss[-1] < history.loss[0]
     # the LayerNorm's posterior moved from its initial mean (ones) under training
     assert not torch.equal(guide.median()["2.weight"], torch.ones(8))
+
+
+class _Fails(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(3))
+
+    def forward(self, x):
+        if x.sum() > 0:
+            raise RuntimeError("the module's own error")
+        return self.weight * x
+
+
+def test_a_wrapped_module_holds_the_drawn_values_only_for_its_call():
+    layer = bayesianize(nn.Sequential(_Fails()))[0]
+    inner = layer._modules["module"]
+    draw = torch.full((3,), 2.0)
+    out = pyro.poutine.condition(layer, data={"0.weight": draw})(-torch.ones(3))
+    torch.testing.assert_close(out, -draw)
+    assert "weight" not in inner.__dict__ and not hasattr(inner, "weight")
+    with pytest.raises(RuntimeError, match="own error"):
+        pyro.poutine.condition(layer, data={"0.weight": draw})(torch.ones(3))
+    assert not hasattr(inner, "weight")  # taken out after a failed call too
+
+
+def test_an_lstm_runs_on_each_call_s_weights_not_on_weights_it_cached():
+    lstm = nn.LSTM(2, 3, batch_first=True)
+    net = bayesianize(lstm)
+    x = torch.randn(4, 5, 2)
+    for seed in (0, 1):
+        g = torch.Generator().manual_seed(seed)
+        draws = {
+            name: torch.randn(p.shape, generator=g)
+            for name, p in nn.LSTM(2, 3, batch_first=True).named_parameters()
+        }
+        out, _ = pyro.poutine.condition(net, data=draws)(x)
+        torch.testing.assert_close(
+            out, functional_call(nn.LSTM(2, 3, batch_first=True), draws, (x,))[0]
+        )

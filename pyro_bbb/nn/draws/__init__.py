@@ -31,6 +31,11 @@ meets draws in one of three ways (:class:`DrawPath`), chosen for each network:
   meets draws with them. :func:`settle_draws` makes the decision, backward included, before
   training.
 
+A caller that put one draw of every site in place itself, with no sample dims (the fused
+step of :mod:`pyro_bbb.infer.fused` with one weight draw), says so with :func:`one_draw`:
+the root's ``forward`` then runs the network's own at once instead of reading every site
+to find sample dims.
+
 A network's output may be any nesting of tuples, lists and dicts (named tuples too) whose
 leaves are tensors or anything else (``None``, a number): on every path the tensors get the
 draws' sample dims in front and the other leaves come back as the network returned them
@@ -71,7 +76,7 @@ probe). Nothing here knows of guides or training.
 """
 
 from .buffers import kept_buffers
-from .current import Draw, current_draw
+from .current import Draw, current_draw, one_draw
 from .paths import DrawPath, PerDrawPath, broadcasts_draws, is_vmap_limitation, unbatched_layer
 from .per_draw import PerDrawForward, describe_draws, draw_path, per_draw_forward, settle_draws
 
@@ -86,6 +91,7 @@ __all__ = [
     "draw_path",
     "is_vmap_limitation",
     "kept_buffers",
+    "one_draw",
     "per_draw_forward",
     "settle_draws",
     "unbatched_layer",

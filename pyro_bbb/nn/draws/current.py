@@ -4,7 +4,9 @@ When a network runs once per weight draw (:mod:`~pyro_bbb.nn.draws.per_draw`), t
 under way is held in a :class:`contextvars.ContextVar` for the duration of the pass:
 :func:`current_draw` gives it (``None`` outside a pass), and :class:`Draw` answers what a
 layer or an estimator acting for one may ask (the contract is stated in
-:mod:`pyro_bbb.nn.draws`). Nothing here knows of layers, guides or training.
+:mod:`pyro_bbb.nn.draws`). :func:`one_draw` lets a caller that put a run's values in place
+itself say that they are one draw, with no sample dims. Nothing here knows of layers,
+guides or training.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import torch
 
 from ..._shapes import sample_dims
 
-__all__ = ["Draw", "current_draw", "running_draw"]
+__all__ = ["Draw", "current_draw", "drawn_once", "one_draw", "running_draw"]
 
 
 @dataclass(frozen=True)
@@ -105,3 +107,29 @@ def running_draw(draw: Draw) -> Iterator[None]:
         yield
     finally:
         _CURRENT.reset(token)
+
+
+_ONE_DRAW: contextvars.ContextVar[bool] = contextvars.ContextVar("pyro_bbb_one_draw", default=False)
+
+
+def drawn_once() -> bool:
+    """Whether the caller said the current run's values are one draw (:func:`one_draw`)."""
+    return _ONE_DRAW.get()
+
+
+@contextmanager
+def one_draw() -> Iterator[None]:
+    """Say, for the block, that every site the run reads holds one draw, with no sample dims.
+
+    A caller that put every value of a run in place itself knows it (the fused step of
+    :mod:`pyro_bbb.infer.fused` with one weight draw): the runner of a network's ``forward``
+    (:class:`~pyro_bbb.nn.draws.PerDrawForward`) then runs the network's own ``forward`` at
+    once, without reading every site to find sample dims (on a ResNet's 62 sites, 170 µs a
+    call). Nothing checks the claim: a value with sample dims would reach a layer that
+    refuses it (:class:`~pyro_bbb.nn.module_layer.BayesianModule` raises).
+    """
+    token = _ONE_DRAW.set(True)
+    try:
+        yield
+    finally:
+        _ONE_DRAW.reset(token)

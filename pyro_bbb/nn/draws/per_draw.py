@@ -29,7 +29,7 @@ from ..._devices import cuda_devices
 from ..._pyro_compat import set_cached_value, user_class
 from ..._shapes import broadcast_shape, sample_dims
 from .buffers import kept_buffers
-from .current import Draw, running_draw
+from .current import Draw, drawn_once, running_draw
 from .outputs import TENSOR, map_leaves, map_tensors, tensor_leaves
 from .paths import (
     DrawPath,
@@ -47,7 +47,8 @@ class PerDrawForward:
     """The ``forward`` :func:`~pyro_bbb.nn.builders.bayesianize` gives a network's root.
 
     It runs the network's own ``forward`` (its class's, unchanged) on the weights drawn in the
-    current Pyro run. With no sample dims that is one call. With several draws, every
+    current Pyro run. With no sample dims that is one call (made at once where the caller
+    said so, :func:`~pyro_bbb.nn.draws.one_draw`). With several draws, every
     reachable Bayesian site is drawn first (in the order of ``net.modules()``; a
     :class:`~pyro_bbb.nn.multi_head.MultiHead` draws its body and active head only), and
     the network's ``forward`` runs once per draw: vectorised by :func:`torch.func.vmap`, or
@@ -85,6 +86,8 @@ class PerDrawForward:
         """
         module = self.module
         forward = type(module).forward
+        if drawn_once():  # the caller put one draw in place: no sample dims to look for
+            return forward(module, *args, **kwargs)
         drawn = dict(_draw_sites(module))
         sample = broadcast_shape(*(sample_dims(value, dims) for value, dims in drawn.values()))
         if not sample:

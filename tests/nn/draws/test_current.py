@@ -14,8 +14,8 @@ from torch import nn
 from torch.func import vmap
 
 from pyro_bbb.nn import bayesianize
-from pyro_bbb.nn.draws import Draw, DrawPath, current_draw, draw_path
-from pyro_bbb.nn.draws.current import running_draw
+from pyro_bbb.nn.draws import Draw, DrawPath, current_draw, draw_path, one_draw
+from pyro_bbb.nn.draws.current import drawn_once, running_draw
 
 
 def _draw(sample, index, full):
@@ -133,3 +133,25 @@ def test_inside_a_pass_a_site_reads_as_the_current_draws_view(vectorised):
         assert weight is draw.views["fc.weight"] and weight.shape == (2, 3)
         assert as_drawn is drawn is draw.full["fc.weight"]
     assert current_draw() is None  # the pass is over
+
+
+def test_one_draw_runs_a_networks_forward_without_reading_its_sites(monkeypatch):
+    import pyro_bbb.nn.draws.per_draw as per_draw
+
+    net = bayesianize(nn.Sequential(nn.Linear(3, 4), nn.LayerNorm(4), nn.Linear(4, 1)))
+    assert draw_path(net) is None or draw_path(net).path is not DrawPath.BROADCAST
+    x = torch.randn(5, 3)
+    read = []
+    original = per_draw._draw_sites
+    monkeypatch.setattr(per_draw, "_draw_sites", lambda n: read.append(n) or original(n))
+    torch.manual_seed(0)
+    net(x)
+    assert read  # without the claim the runner reads every site for sample dims
+    read.clear()
+    with one_draw():
+        assert drawn_once()
+        torch.manual_seed(0)
+        out = net(x)
+    assert not read and not drawn_once()
+    torch.manual_seed(0)
+    torch.testing.assert_close(out, net(x))
