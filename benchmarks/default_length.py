@@ -153,6 +153,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2, 3])
     parser.add_argument("--mnist", type=Path, default=FASHION_MNIST)
     parser.add_argument("--uci", type=Path, default=Path("../shared/data/uci"))
+    parser.add_argument("--protocols", nargs="+", help="only these (auto, b128, an epoch count)")
     args = parser.parse_args(argv)
 
     def runs():
@@ -160,6 +161,8 @@ def main(argv: list[str] | None = None) -> None:
             kind = problem.split(":")[0]
             fixed = map(str, FIXED[kind])
             protocols = ["b64", "b128"] if kind == "mnist60k" else ["auto", *fixed]
+            if args.protocols:
+                protocols = [p for p in protocols if p in args.protocols]
             for seed in args.seeds:
                 for protocol in protocols:
                     key = {"problem": problem, "protocol": protocol, "seed": seed}
