@@ -13,6 +13,11 @@ one), against the same model, seed and data at fixed lengths:
   2,000 test images; a fixed 40 epochs beside it.
 * ``mnist60k``: all 60,000 training images at ``batch_size`` 64 and 128 (a run at
   MNIST's size must train, never fail at set-up); test error on 2,000 test images.
+* ``mnist1k``: 1,000 training images (seed ``s``), 784-100-10, batch 128; test error and
+  NLL on 2,000 test images; the default alone.
+* ``digits``: scikit-learn's 8x8 digits (:func:`pyro_bbb.data.digits`: 1,347 training and
+  450 test images, the split of seed 0), 64-100-10, batch 128; test error and NLL; a fixed
+  600 epochs beside it.
 * ``uci:NAME``: the UCI protocol of :mod:`pyro_bbb.bench.uci` (one hidden layer, local
   reparameterisation, learned noise) on ``--uci DIR/NAME``'s splits, against its 2,000
   full-batch epochs.
@@ -46,9 +51,12 @@ from _common import (
 
 import pyro_bbb as bbb
 from pyro_bbb.bench.uci import UCIConfig, fit_split
-from pyro_bbb.data import FASHION_MNIST, gap_regression, image_split, load_uci_folder
+from pyro_bbb.data import FASHION_MNIST, digits, gap_regression, image_split, load_uci_folder
 
-FIXED = {"gap": (1000, 3000, 10000), "mnist": (40,), "mnist60k": (), "uci": (2000,)}
+FIXED = {
+    "gap": (1000, 3000, 10000), "mnist": (40,), "mnist60k": (), "mnist1k": (), "digits": (600,),
+    "uci": (2000,),
+}  # fmt: skip
 
 
 def _fit(model, guide, x, y, epochs, **options) -> dict:
@@ -79,15 +87,18 @@ def run(problem: str, protocol: str, seed: int, args: argparse.Namespace) -> dic
         row |= _fit(model, guide, train.x, train.y, epochs, seed=seed)
         pred = bbb.predict(model, guide, test.x, num_samples=200, seed=0)
         row["test_ll"] = pred.log_likelihood(test.y)
-    elif problem.startswith("mnist"):
+    elif problem.startswith("mnist") or problem == "digits":
         full = problem == "mnist60k"
-        # the same subsets as before the loader was public: train then test, one generator
-        x, y, xt, yt = image_split(
-            args.mnist, num_train=60000 if full else 4000, num_test=2000, seed=seed
-        )
+        if problem == "digits":
+            split = digits(seed=0)
+            x, y, xt, yt = split.x_train, split.y_train, split.x_test, split.y_test
+        else:  # the same subsets as before the loader was public: train then test, one generator
+            size = {"mnist60k": 60000, "mnist1k": 1000}.get(problem, 4000)
+            x, y, xt, yt = image_split(args.mnist, num_train=size, num_test=2000, seed=seed)
         batch = int(protocol.split("b")[1]) if full else 128
+        sizes = {"digits": [64, 100, 10], "mnist1k": [784, 100, 10]}.get(problem)
         model = bbb.BNN(
-            bbb.mlp([784, 400, 400, 10]), bbb.likelihoods.Categorical(), num_data=len(x)
+            bbb.mlp(sizes or [784, 400, 400, 10]), bbb.likelihoods.Categorical(), num_data=len(x)
         )
         guide = bbb.MeanFieldGuide(model)
         row |= _fit(model, guide, x, y, epochs, batch_size=batch, seed=seed)
@@ -142,6 +153,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2, 3])
     parser.add_argument("--mnist", type=Path, default=FASHION_MNIST)
     parser.add_argument("--uci", type=Path, default=Path("../shared/data/uci"))
+    parser.add_argument("--protocols", nargs="+", help="only these (auto, b128, an epoch count)")
     args = parser.parse_args(argv)
 
     def runs():
@@ -149,6 +161,8 @@ def main(argv: list[str] | None = None) -> None:
             kind = problem.split(":")[0]
             fixed = map(str, FIXED[kind])
             protocols = ["b64", "b128"] if kind == "mnist60k" else ["auto", *fixed]
+            if args.protocols:
+                protocols = [p for p in protocols if p in args.protocols]
             for seed in args.seeds:
                 for protocol in protocols:
                     key = {"problem": problem, "protocol": protocol, "seed": seed}
