@@ -5,10 +5,8 @@ A fit of fixed length draws β's warm-up and the learning rate's decay over its 
 actually is, in four stages, each ended by what the record shows:
 
 1. ``"fit"``: β = 0, the likelihood alone, until the stage is done by the run's rule.
-2. ``"warmup"``: β rises linearly from 0 to 1: under the default rule over the rule's
-   least stage in steps (400, :attr:`~pyro_bbb.training.stopping.StopRule.ramp_share`),
-   whatever ``"fit"`` took; under ``until="converged"`` over half as many epochs as
-   ``"fit"`` took (at least a tested stage's least length).
+2. ``"warmup"``: β rises linearly from 0 to 1 over half as many epochs as ``"fit"`` took
+   (at least a tested stage's least length).
 3. ``"train"``: β = 1 at the full rate until the stage is done by the run's rule. Where
    ``fit`` chose the rate (``lr`` not given, :mod:`~pyro_bbb.training.rates`) and the rule
    reads scores, the stage does not end there the first time: it **halves the rate** and
@@ -100,6 +98,8 @@ MAX_STEPS = 50_000
 MIN_EPOCHS = 100
 #: The most times the full-rate stage halves its rate (to 1/16 of it).
 MAX_HALVINGS = 4
+#: The warm-up's length as a share of the likelihood-only stage's.
+RAMP_SHARE = 0.5
 #: The History's lists of an automatic run's scores.
 _SCORED = ("validation", "averaged_nll", "averaged_kl")
 
@@ -253,18 +253,13 @@ class AutoEpochs:
         self.scored, self.every = scored, check_int("every", every)
         self.gives_back = gives_back
         self.steps_given_back = steps_given_back or steps_per_epoch
-        steps = math.ceil(self.rule.min_stage_steps / steps_per_epoch)
+        least = math.ceil(self.rule.min_stage_steps / steps_per_epoch)
         if self.rule.reads_scores:
-            least = max(steps, MIN_FIT_SCORES * every)
+            least = max(least, MIN_FIT_SCORES * every)
         else:
-            least = max(steps, 2 * MIN_WINDOW)
+            least = max(least, 2 * MIN_WINDOW)
         #: The fewest epochs of a tested stage: shorter when the budget is small.
         self.min_stage = max(1, min(least, max_epochs // 8))
-        #: The warm-up's fewest epochs: a tested stage's, or where the rule's ramp is no share
-        #: of the first stage (:attr:`~pyro_bbb.training.stopping.StopRule.ramp_share`), its
-        #: least stage in steps alone (the warm-up is not judged: it needs no scores).
-        ramp = max(1, min(steps, max_epochs // 8))
-        self.min_ramp = self.min_stage if self.rule.ramp_share else ramp
         #: The rate's factor the run starts from (a continued run's; 1 from the start).
         self.rate_from = 1.0 if rate_from is None else float(rate_from)
         #: Whether the run continues a fitted guide's fit.
@@ -479,8 +474,8 @@ class AutoEpochs:
             stage = "end"  # max_steps is a hard budget: no room for an epoch over every row
         state = replace(state, starts={**state.starts, stage: start})
         if stage == "warmup":
-            share = self.rule.ramp_share * (start - state.starts["fit"])
-            warmup = LinearWarmup(max(self.min_ramp, round(share)), delay=start)
+            ramp = max(self.min_stage, round(RAMP_SHARE * (start - state.starts["fit"])))
+            warmup = LinearWarmup(ramp, delay=start)
             return replace(state, warmup=warmup, forced=self._forced(state, history, "fit"))
         if stage not in ("decay", "end"):
             return state

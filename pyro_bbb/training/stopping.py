@@ -17,12 +17,6 @@ can be asked, and ``fit(until=...)`` picks one:
     less than :data:`FIT_TOLERANCE` (0.02) nats a data point: fitting the likelihood
     further no longer pays for the KL it costs, the objective that follows. Held longer,
     the scales shrink below the posterior's and the warm-up must undo the overfit.
-  - β then rises to 1 over 400 steps, whatever the likelihood-only stage took. A ramp of
-    half that stage (the strict rule's) spends its epochs at a β the run does not end on:
-    on the gap problem (3,000 epochs of β = 0, a ramp of 1,500) it cost 0.06 nats of test
-    log-likelihood and 2,500 epochs; a step straight to β = 1 cost the UCI sets up to
-    0.24 nats (the full-rate stage then reads the fit while the KL is still pulling the
-    scales out, and ends there).
   - The full-rate stage (β = 1) is done when its last half raised the expected
     log-likelihood of the training rows (or, with ``validation=``, the held-out rows' log
     predictive density) by less than :data:`TOLERANCE` (0.01) nats a row: on a network the
@@ -104,9 +98,6 @@ class StopRule:
     resets_moments = True
     #: Each tested stage runs at least this many steps, when the budget allows.
     min_stage_steps = 200
-    #: The warm-up's length as a share of the likelihood-only stage's, at least a tested
-    #: stage's least length; 0: over :attr:`min_stage_steps` steps, whatever that stage took.
-    ramp_share = 0.5
 
     def judge(self, history: History, stage: str, start: int, end: int, scored: bool) -> Verdict:
         """Read the stage of epochs ``start`` to ``end - 1``: done, and what was found.
@@ -145,8 +136,6 @@ class StopsPaying(StopRule):
     reads_scores = True
     resets_moments = False
     min_stage_steps = 400
-    #: The warm-up over 400 steps, whatever the likelihood-only stage took (see the module).
-    ramp_share = 0.0
 
     def judge(self, history: History, stage: str, start: int, end: int, scored: bool) -> Verdict:  # noqa: D102
         if stage == "fit":
