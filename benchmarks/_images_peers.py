@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import math
 import time
+from collections.abc import Callable
 
 import torch
 from _images_nets import lenet5, mlp_layers, scores
@@ -33,24 +34,36 @@ IVON_PROTOCOLS = ("lr0.1", "lr0.2")
 IVON_TEST_SAMPLES = 50
 
 
+def in_minibatches(
+    num_train: int, epochs: int, max_steps: int | None, step: Callable[[torch.Tensor], None]
+) -> tuple[float, int, int]:
+    """Call ``step(rows)`` on shuffled minibatches of 128 rows for ``epochs`` epochs, ending
+    early after ``max_steps`` steps: the process's CPU seconds, the epochs and the steps."""
+    budget = math.inf if max_steps is None else max_steps
+    start, steps, done = time.process_time(), 0, 0
+    while done < epochs and steps < budget:
+        for rows in torch.randperm(num_train).split(128):
+            step(rows)
+            steps += 1
+            if steps >= budget:
+                break
+        done += 1
+    return time.process_time() - start, done, steps
+
+
 def run_deterministic(name: str, data: Split, seed: int, args: argparse.Namespace) -> dict:
     """A plain torch network: Adam lr 1e-3, batch 128, ``--epochs`` epochs (``--max-steps``)."""
     torch.manual_seed(seed)
     net = lenet5() if name == "lenet" else mlp_layers(400, args.dropout * (name == "dropout"))
     optimizer = torch.optim.Adam(net.parameters(), lr=1e-3)
-    steps_left = args.max_steps if args.max_steps is not None else float("inf")
-    start, steps, epochs = time.process_time(), 0, 0
-    while epochs < args.epochs and steps < steps_left:
-        for rows in torch.randperm(len(data.x_train)).split(128):
-            loss = nn.functional.cross_entropy(net(data.x_train[rows]), data.y_train[rows])
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-            steps += 1
-            if steps >= steps_left:
-                break
-        epochs += 1
-    cpu = time.process_time() - start
+
+    def step(rows: torch.Tensor) -> None:
+        loss = nn.functional.cross_entropy(net(data.x_train[rows]), data.y_train[rows])
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+
+    cpu, epochs, steps = in_minibatches(len(data.x_train), args.epochs, args.max_steps, step)
     with torch.no_grad():
         if name == "dropout":  # MC dropout: masks stay on, 100 forward passes averaged
             log_probs = torch.stack([net(data.x_test).log_softmax(-1) for _ in range(100)])
@@ -85,20 +98,16 @@ def run_ivon(name: str, protocol: str, data: Split, seed: int, args: argparse.Na
     if args.max_steps is not None:
         steps = min(steps, args.max_steps)
     decay = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=steps)
-    start, done, epochs = time.process_time(), 0, 0
-    while done < steps:
-        for rows in torch.randperm(num_train).split(128):
-            with optimizer.sampled_params(train=True):  # one weight sample a step
-                optimizer.zero_grad()
-                loss = nn.functional.cross_entropy(net(data.x_train[rows]), data.y_train[rows])
-                loss.backward()
-            optimizer.step()
-            decay.step()
-            done += 1
-            if done >= steps:
-                break
-        epochs += 1
-    cpu = time.process_time() - start
+
+    def step(rows: torch.Tensor) -> None:
+        with optimizer.sampled_params(train=True):  # one weight sample a step
+            optimizer.zero_grad()
+            loss = nn.functional.cross_entropy(net(data.x_train[rows]), data.y_train[rows])
+            loss.backward()
+        optimizer.step()
+        decay.step()
+
+    cpu, epochs, done = in_minibatches(num_train, args.ivon_epochs, steps, step)
     with torch.no_grad():
         probs = torch.zeros(len(data.x_test), 10)
         for _ in range(IVON_TEST_SAMPLES):
