@@ -160,6 +160,9 @@ class LowRankGuide(GaussianGuide):
             key = "network" if self.blocks == "network" else (site.rpartition(".")[0] or "_root")
             groups.setdefault(key, []).append(site)
         self._blocks = []
+        #: Each block's factor's initial size, the root mean square of its entries' stds:
+        #: what its learning rate is read from (:mod:`~pyro_bbb.training.rates`).
+        self.factor_sizes: dict[str, float] = {}
         self.locs, self.rhos, self.factors_t = PyroModule(), PyroModule(), PyroModule()
         members = self.member_shape
         for key, names in groups.items():
@@ -180,6 +183,7 @@ class LowRankGuide(GaussianGuide):
             scale = self.init_scale.scales(loc)
             rho = self.init_scale.rho(loc, self.min_scale, self._diag_fraction)
             factor_scale = 0.5 * scale[..., None] / math.sqrt(self.rank)
+            self.factor_sizes[key] = float(factor_scale.double().pow(2).mean().sqrt())
             noise = torch.randn(*members, start, self.rank, dtype=loc.dtype).to(loc)
             factor_t = (factor_scale * noise).mT.contiguous()  # V^T, (rank, d)
             set_param(self.locs, key, loc, site=key)
