@@ -46,7 +46,7 @@ data set): pass ``lr``. :func:`tensor_rates` gives the rates and what set each o
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -155,7 +155,7 @@ def tensor_rates(
             kinds[name] = ("loc", _site_of(name, sizes) or name)
     located = {n: named[n] for n, (kind, _) in kinds.items() if kind == "loc"}
     means = _mean_rates(located, kinds, sizes)
-    network = _network_rate(located, means, kinds, sizes)
+    network = _network_rate(located, means, kinds, sizes, blocks=factor_sizes)
     by_key = {kinds[n][1]: rate for n, rate in means.items()}
     rates = {}
     for name, (kind, key) in kinds.items():
@@ -179,8 +179,12 @@ def _network_rate(
     rates: dict[str, TensorRate],
     kinds: Mapping[str, tuple[str, str]],
     sites: Mapping[str, torch.Tensor],
+    blocks: Collection[str] = (),
 ) -> TensorRate:
     """The network's rate, its largest weight tensor's; every mean's is capped by it, in place.
+
+    A low-rank guide's means are one vector a block (``blocks``, its layers): the largest
+    block stands for the largest weight tensor.
 
     Measured: on 784-400-400-10 and 60,000 images, the hidden 400 x 400 layers at their own
     size's rate (1.8e-3, against the 784-wide layer's 1.3e-3) took the test error from
@@ -189,7 +193,11 @@ def _network_rate(
     whose weights are smaller than the largest tensor's (a transformer's beside a
     5,000-token N(0, 1) embedding) keeps its own, lower rate.
     """
-    tables = [n for n in means if _size_tensor(n, means, kinds, sites).dim() >= 2]
+    tables = [
+        n
+        for n in means
+        if _size_tensor(n, means, kinds, sites).dim() >= 2 or kinds[n][1] in blocks
+    ]
     if not tables:
         return TensorRate("", "loc", MAX_LR, "no weight tensor: the ceiling")
     largest = rates[max(tables, key=lambda n: means[n].numel())]

@@ -263,11 +263,15 @@ def test_a_low_rank_factor_moves_a_sixteenth_of_its_initial_size(rank, init_scal
     torch.manual_seed(0)
     model = _net([1, 50, 50, 1])
     rates = _rates(model, bbb.LowRankGuide(model, rank=rank, init_scale=init_scale), width=1)
+    mean_field = _rates(model, width=1)
     for block in ("0", "2", "4"):
         own = 0.5 * init_scale / math.sqrt(rank) / 16
         means = rates[f"LowRankGuide.locs.{block}"]
         assert rates[f"LowRankGuide.factors_t.{block}"] == pytest.approx(min(own, means))
         assert rates[f"LowRankGuide.rhos.{block}"] == means
+        # a block's means move as the mean-field guide's of its layer: capped by the largest
+        assert means == pytest.approx(mean_field[f"MeanFieldGuide.locs.{block}.weight"], rel=0.01)
+    assert rates["likelihood.scale"] == pytest.approx(mean_field["likelihood.scale"], rel=0.01)
 
 
 def test_a_low_rank_guide_of_rank_ten_fits_as_well_as_the_mean_field_one():
