@@ -78,7 +78,6 @@ from .elbo import AnnealedELBO, ELBOTerms
 from .ensemble import Ensemble
 from .guides import LowRankGuide, MeanFieldGuide
 from .guides._init import scale_from_rho
-from .guides._params import ParamRef
 from .kl import kl_to_scalar_normal, scalar_normal_parameters
 from .reparam import AffineEstimator, Split, flipout_affine, local_affine
 
@@ -543,14 +542,7 @@ class _LowRankDraws(_Draws):
     def __init__(self, guide: LowRankGuide, sites: dict[str, _Site], elbo: AnnealedELBO):
         self._guide, self._elbo, self._sites = guide, elbo, sites
         self._blocks = list(guide._blocks)
-        self._refs = [
-            (
-                ParamRef(guide.locs, block.name),
-                ParamRef(guide.rhos, block.name),
-                ParamRef(guide.factors_t, block.name),
-            )
-            for block in self._blocks
-        ]
+        self._refs = [guide._params[block.name] for block in self._blocks]
 
     def parameters(self) -> list[torch.Tensor]:
         return [ref.module_value() for refs in self._refs for ref in refs]

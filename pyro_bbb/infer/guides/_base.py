@@ -85,8 +85,9 @@ class SiteGuide(AutoGuide):
             root = getattr(self, attribute, None)
             if root is None:
                 continue
+            paths = getattr(self, "param_paths", {})  # a block's, where not its name
             for key in keys:
-                roles[join_name(pyro_name(root), key)] = (kind, key)
+                roles[join_name(pyro_name(root), paths.get(key, key))] = (kind, key)
         return roles
 
     def _setup_prototype(self, *args, **kwargs) -> None:

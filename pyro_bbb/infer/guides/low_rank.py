@@ -31,7 +31,10 @@ from ._base import GaussianGuide
 from ._init import InitLoc, InitScale, as_init_scale, scale_from_rho
 from ._params import ParamRef, set_param
 
-__all__ = ["LowRankGuide", "LowRankMultivariateNormal"]
+__all__ = ["OWN_BLOCK", "LowRankGuide", "LowRankMultivariateNormal"]
+
+#: Where a module's own block sits when a child module has a block too: ``<module>.own``.
+OWN_BLOCK = "own"
 
 
 class LowRankMultivariateNormal(dist.LowRankMultivariateNormal):
@@ -159,6 +162,13 @@ class LowRankGuide(GaussianGuide):
         for site in sites:
             key = "network" if self.blocks == "network" else (site.rpartition(".")[0] or "_root")
             groups.setdefault(key, []).append(site)
+        # a block's parameters sit at its module's path below locs, rhos and factors_t; a
+        # module whose own parameters form a block and whose child holds another
+        # (MultiheadAttention's in_proj_weight beside out_proj) keeps its own at <path>.own
+        self.param_paths = {
+            key: f"{key}.{OWN_BLOCK}" if any(k.startswith(key + ".") for k in groups) else key
+            for key in groups
+        }
         self._blocks = []
         #: Each block's factor's initial size, the root mean square of its entries' stds:
         #: what its learning rate is read from (:mod:`~pyro_bbb.training.rates`).
@@ -186,11 +196,13 @@ class LowRankGuide(GaussianGuide):
             self.factor_sizes[key] = float(factor_scale.double().pow(2).mean().sqrt())
             noise = torch.randn(*members, start, self.rank, dtype=loc.dtype).to(loc)
             factor_t = (factor_scale * noise).mT.contiguous()  # V^T, (rank, d)
-            set_param(self.locs, key, loc, site=key)
-            set_param(self.rhos, key, rho, site=key)
-            set_param(self.factors_t, key, factor_t, site=key)
+            path = self.param_paths[key]
+            set_param(self.locs, path, loc, site=key)
+            set_param(self.rhos, path, rho, site=key)
+            set_param(self.factors_t, path, factor_t, site=key)
+        paths = self.param_paths
         self._params = {
-            block.name: tuple(ParamRef(root, block.name) for root in self._roots())
+            block.name: tuple(ParamRef(root, paths[block.name]) for root in self._roots())
             for block in self._blocks
         }
 
@@ -256,8 +268,8 @@ class LowRankGuide(GaussianGuide):
         self._require_setup()
         prefix = pyro_name(self.factors_t).removesuffix("factors_t")
         return {
-            f"{prefix}factors.{block.name}": (f"{prefix}factors_t.{block.name}", _transposed)
-            for block in self._blocks
+            f"{prefix}factors.{path}": (f"{prefix}factors_t.{path}", _transposed)
+            for path in (self.param_paths[block.name] for block in self._blocks)
         }
 
     # -- summaries
