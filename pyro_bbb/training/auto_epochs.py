@@ -155,6 +155,10 @@ class RunState:
     end: int | None = None
     #: The stage the budget ended rather than its test, or ``None``.
     forced: str | None = None
+    #: The likelihood-only stage, where its share of the budget (a fifth) ended it before
+    #: its test passed and the run went on: said in ``History.stopped``, not warned of (the
+    #: stage readies the scales for β = 1; the stages after it end by their own tests).
+    capped: tuple[str, ...] = ()
     #: The epochs decided on so far.
     done: int = 0
     #: β's warm-up, fixed where the warm-up begins.
@@ -476,7 +480,8 @@ class AutoEpochs:
         if stage == "warmup":
             ramp = max(self.min_stage, round(RAMP_SHARE * (start - state.starts["fit"])))
             warmup = LinearWarmup(ramp, delay=start)
-            return replace(state, warmup=warmup, forced=self._forced(state, history, "fit"))
+            capped = ("fit",) if self._cut(state, history, "fit") else ()
+            return replace(state, warmup=warmup, capped=capped)
         if stage not in ("decay", "end"):
             return state
         state = replace(state, forced=self._forced(state, history, "train"), end=start)
@@ -500,11 +505,13 @@ class AutoEpochs:
 
     def _forced(self, state: RunState, history: History, stage: str) -> str | None:
         """The run's forced stage, ``stage`` where the budget, not the rule, ended it."""
-        if self._capped(history, stage) and not self._done(
+        return (state.forced or stage) if self._cut(state, history, stage) else state.forced
+
+    def _cut(self, state: RunState, history: History, stage: str) -> bool:
+        """Whether its share of the budget, not its test, ended ``stage`` (now ending)."""
+        return self._capped(history, stage) and not self._done(
             state, history, stage, state.starts[stage]
-        ):
-            return state.forced or stage
-        return state.forced
+        )
 
     def restores_best(self, done: int) -> bool:
         """Whether the parameters take the full-rate stage's best-scoring average now.
@@ -545,6 +552,17 @@ class AutoEpochs:
     # ---------------------------------------------------------------- the end
     def stopped(self, history: History) -> str:
         """Why the run ended, in a sentence or two (``History.stopped``)."""
+        ended = self._ended(history)
+        if "fit" in self.state.capped and self.state.forced is None:
+            share = f"{STAGE_TABLE['fit'].cap:.0%}"
+            ended += (
+                f"; the likelihood-only stage (beta = 0) had ended at its share of the budget "
+                f"({share}, {self.state.starts['warmup']:,} epochs) before its test passed"
+            )
+        return ended
+
+    def _ended(self, history: History) -> str:
+        """Why the run ended, the likelihood-only stage's cap aside."""
         state = self.state
         train, after = state.starts.get("train"), state.after()
         if state.forced is not None:
