@@ -48,6 +48,11 @@ DATASETS = {
 }
 
 
+def section(title: str, description: str, table: str) -> str:
+    """A report's section: its title, what was measured, and the table."""
+    return "\n".join([f"### {title}", "", description, "", table])
+
+
 def regression_data(name, seed, num_train=1000, num_test=500):
     fn, noise = DATASETS[name]
     g = torch.Generator().manual_seed(1000 + seed)
@@ -245,16 +250,13 @@ def part_digits(seeds, _out):
             scores.update(seed=seed, method=method, seconds=seconds)
             results.append(scores)
             print(f"  digits seed {seed} {method}: {scores}", flush=True)
-    lines = [
-        "### Digits streamed once in minibatches of 10",
-        "",
+    return results, section(
+        "Digits streamed once in minibatches of 10",
         "1,347 training images (64-100-10 ReLU, FanInGaussian(√2) prior), 450 test images. "
         f"Mean ± sd over {seeds} seeds (stream order and initialisation); 100 predictive "
         "samples (1 for Adam's point estimate); ECE with 15 bins; CPU seconds of learning.",
-        "",
         spread_table(results, DIGITS_METHODS, DIGITS_COLUMNS),
-    ]
-    return results, "\n".join(lines)
+    )
 
 
 # ------------------------------------------------------------------------------ deep
@@ -300,15 +302,12 @@ def part_deep(seeds, _out):
                 f"  deep seed {seed} {method}: LL {scores['log_likelihood']:.3f}, {seconds:.1f} s",
                 flush=True,
             )
-    lines = [
-        "### A deeper network on a 1-D stream: 600 points in minibatches of 10, one pass",
-        "",
+    return results, section(
+        "A deeper network on a 1-D stream: 600 points in minibatches of 10, one pass",
         "The gap data (sin x on [-4, -1) and [1, 4), noise 0.1, 600 points in random order), "
         "1-50-50-1 ReLU, FanInGaussian(2) prior, learned noise; test log-likelihood on 1,000 "
         "fresh points from the same distribution (the best possible is 0.88); the batch fits "
         f"are MeanFieldGuide at fit's other defaults. Mean ± sd over {seeds} seeds; CPU "
         "seconds of learning, one thread.",
-        "",
         spread_table(results, DEEP_METHODS, DEEP_COLUMNS),
-    ]
-    return results, "\n".join(lines)
+    )
