@@ -194,9 +194,7 @@ def _network_rate(
     5,000-token N(0, 1) embedding) keeps its own, lower rate.
     """
     tables = [
-        n
-        for n in means
-        if _size_tensor(n, means, kinds, sites).dim() >= 2 or kinds[n][1] in blocks
+        n for n in means if _size_tensor(n, means, kinds, sites).dim() >= 2 or kinds[n][1] in blocks
     ]
     if not tables:
         return TensorRate("", "loc", MAX_LR, "no weight tensor: the ceiling")
