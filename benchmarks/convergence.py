@@ -42,15 +42,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.problems, from the root
 
-from _common import (
-    Timed,
-    add_run_arguments,
-    grouped,
-    markdown_table,
-    run_missing,
-    script_parser,
-    stage_starts,
-)
+import _common as common
 
 import pyro_bbb as bbb
 from tests.problems import (
@@ -87,7 +79,7 @@ def run(problem: str, guide_name: str, protocol: str, seed: int) -> dict:
         if protocol == "optimum":
             guide = optimal_mean_field(model, x, y, mean, precision)
         target = precision.diagonal().rsqrt()
-    with Timed(time.perf_counter) as timed:
+    with common.Timed(time.perf_counter) as timed:
         history = bbb.fit(model, guide, x, y, epochs=PROTOCOLS[protocol], seed=seed, **options)
     marginals = guide.marginals(x, y)
     loc = torch.cat([marginals["0.weight"][0].reshape(-1), marginals["0.bias"][0]]).detach()
@@ -104,7 +96,7 @@ def run(problem: str, guide_name: str, protocol: str, seed: int) -> dict:
         "seconds": timed.seconds,
         "converged": history.converged,
         "warned": bool(timed.warnings),
-        "stages": stage_starts(history),
+        "stages": common.stage_starts(history),
         "message": history.convergence.message,
     }
 
@@ -116,7 +108,7 @@ def table(rows: list[dict]) -> str:
         "mean error (sd), max", "epochs, median [range]", "wall s, median", "converged",
         "warned",
     )  # fmt: skip
-    groups = grouped(rows, ("problem", "guide", "protocol"))
+    groups = common.grouped(rows, ("problem", "guide", "protocol"))
     order = {name: i for i, name in enumerate(PROBLEMS)}
     lines = []
     for (problem, guide, protocol), group in sorted(
@@ -133,12 +125,12 @@ def table(rows: list[dict]) -> str:
             f"{sum(bool(r['converged']) for r in group)}/{len(group)}",
             f"{sum(r['warned'] for r in group)}/{len(group)}",
         ))  # fmt: skip
-    return markdown_table(header, lines, align="lll" + "r" * 7)
+    return common.markdown_table(header, lines, align="lll" + "r" * 7)
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = script_parser(__doc__)
-    add_run_arguments(parser, "convergence.jsonl")
+    parser = common.script_parser(__doc__)
+    common.add_run_arguments(parser, "convergence.jsonl")
     parser.add_argument("--problems", nargs="+", default=list(PROBLEMS), choices=list(PROBLEMS))
     parser.add_argument("--guides", nargs="+", default=["meanfield", "lowrank"])
     parser.add_argument("--protocols", nargs="+", default=list(PROTOCOLS), choices=PROTOCOLS)
@@ -158,7 +150,7 @@ def main(argv: list[str] | None = None) -> None:
             f"{row['seconds']:.0f} s converged {row['converged']}"
         )
 
-    run_missing(args, runs(), table=table, describe=describe)
+    common.run_missing(args, runs(), table=table, describe=describe)
 
 
 if __name__ == "__main__":
