@@ -38,7 +38,9 @@ guide has seen every row.
 **The budget.** The run ends by ``max_epochs`` (``fit``'s ``max_steps`` in whole epochs;
 by default the larger of 50,000 steps and 100 epochs, so that a large data set gets as many
 passes as a small one gets steps): ``"fit"`` may take a fifth of it, ``"train"`` ends at
-70 %, and a stage the budget ends rather than its test is reported (``fit`` then warns,
+70 %. A ``"fit"`` stage its fifth ends is said in ``History.stopped`` and the run goes on
+(the stage readies the scales for β = 1; the stages after it end by their own tests); a
+stage the budget ends the run in rather than its test is reported (``fit`` then warns,
 saying what was still moving and what to pass). The stages' least lengths shrink to fit a
 small budget: no budget is too small to run. A ``beta`` other than ``None`` (a number or
 the user's own schedule, followed as given) skips the first two stages; an
