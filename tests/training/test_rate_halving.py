@@ -292,8 +292,8 @@ def test_a_low_rank_guide_of_rank_ten_fits_as_well_as_the_mean_field_one():
         history = bbb.fit(model, guide, x, y, epochs=1500, seed=0, progress=False)
         loss[rank] = sum(history.plain_loss[-50:]) / 50 / len(x)
         noise[rank] = float(model.likelihood.scale)
-    assert loss[10] < loss[0] + 0.1
-    assert noise[10] < 1.2 * noise[0]
+    assert loss[10] < loss[0] + 0.3  # 0.95 against 0.93 here; 1.67 at the layer's rate
+    assert noise[10] < 1.5 * noise[0]  # 0.31 against 0.30 here; 0.75 at the layer's rate
 
 
 def test_a_guide_that_starts_at_zero_reads_the_models_weights_and_zeros_the_ceiling():
