@@ -110,17 +110,16 @@ def test_a_constant_beta_starts_at_the_full_rate_and_a_constant_rate_ends_withou
 
 def test_the_likelihood_only_stage_cut_at_its_share_is_said_not_warned_of():
     # 800 steps at one step an epoch: the likelihood-only stage is cut at a fifth of them
-    # (it readies the scales for beta = 1), and the run goes on to end by its own test
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", ConvergenceWarning)
+    # (it readies the scales for beta = 1), and the run goes on to its own end: here the
+    # strict check passes (a run the budget ends warns of the stage it ended, not this one)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ConvergenceWarning)
         *_, history = _auto_fit(150, 3, max_steps=800)
-    assert history.steps[-1] <= 800 and history.converged
-    assert history.stage.index("warmup") == 160 and history.stage.index("decay") <= 560
-    assert history.stopped.startswith("ended when converged")
-    assert history.stopped.endswith(
-        "the likelihood-only stage (beta = 0) had ended at its share of the budget (20%, 160 "
-        "epochs) before its test passed"
-    )
+    assert not [w for w in caught if "likelihood-only" in str(w.message)]
+    assert history.steps[-1] <= 800 and history.stage.index("warmup") == 160
+    cut = "the likelihood-only stage (beta = 0) had ended at its share of the budget (20%, 160 "
+    assert history.stopped.endswith(cut + "epochs) before its test passed")
+    assert history.stopped.startswith("ended when converged") and history.converged
 
 
 def test_the_budget_ends_the_run_at_max_steps_and_the_warning_says_what_to_pass():
