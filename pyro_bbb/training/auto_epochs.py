@@ -157,10 +157,10 @@ class RunState:
     end: int | None = None
     #: The stage the budget ended rather than its test, or ``None``.
     forced: str | None = None
-    #: The likelihood-only stage, where its share of the budget (a fifth) ended it before
-    #: its test passed and the run went on: said in ``History.stopped``, not warned of (the
+    #: Whether its share of the budget (a fifth) ended the likelihood-only stage before its
+    #: test passed and the run went on: said in ``History.stopped``, not warned of (the
     #: stage readies the scales for β = 1; the stages after it end by their own tests).
-    capped: tuple[str, ...] = ()
+    fit_capped: bool = False
     #: The epochs decided on so far.
     done: int = 0
     #: β's warm-up, fixed where the warm-up begins.
@@ -268,9 +268,7 @@ class AutoEpochs:
         self.min_stage = max(1, min(least, max_epochs // 8))
         #: The rate's factor the run starts from (a continued run's; 1 from the start).
         self.rate_from = 1.0 if rate_from is None else float(rate_from)
-        #: Whether the run continues a fitted guide's fit.
-        self.continued = rate_from is not None
-        decayed = self.continued and self.rate_from <= DECAYED
+        decayed = rate_from is not None and self.rate_from <= DECAYED
         self.user_beta, self.decay = beta, decay and not decayed
         #: Whether the full-rate stage halves its rate where it stops paying.
         self.halves = halves and self.rule.reads_scores and not decayed
@@ -482,8 +480,8 @@ class AutoEpochs:
         if stage == "warmup":
             ramp = max(self.min_stage, round(RAMP_SHARE * (start - state.starts["fit"])))
             warmup = LinearWarmup(ramp, delay=start)
-            capped = ("fit",) if self._cut(state, history, "fit") else ()
-            return replace(state, warmup=warmup, capped=capped)
+            fit_capped = self._cut(state, history, "fit")
+            return replace(state, warmup=warmup, fit_capped=fit_capped)
         if stage not in ("decay", "end"):
             return state
         state = replace(state, forced=self._forced(state, history, "train"), end=start)
@@ -555,7 +553,7 @@ class AutoEpochs:
     def stopped(self, history: History) -> str:
         """Why the run ended, in a sentence or two (``History.stopped``)."""
         ended = self._ended(history)
-        if "fit" in self.state.capped and self.state.forced is None:
+        if self.state.fit_capped and self.state.forced is None:
             share = f"{STAGE_TABLE['fit'].cap:.0%}"
             ended += (
                 f"; the likelihood-only stage (beta = 0) had ended at its share of the budget "

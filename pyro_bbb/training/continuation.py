@@ -37,7 +37,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from contextlib import suppress
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
 import torch
@@ -143,7 +143,9 @@ def continued_from(guide: object, resumed: Mapping[str, Any] | None) -> FitEnd |
     return record
 
 
-def resume_rates(optimizer: torch.optim.Optimizer, origin: FitEnd | None, chosen: bool) -> None:
+def resume_rates(
+    optimizer: torch.optim.Optimizer, origin: FitEnd | None, chosen: bool
+) -> torch.optim.Optimizer:
     """Put a continued fit's base rates where the fit it continues had them.
 
     ``fit``'s own rates are read from the weights' sizes, which training has moved: every
@@ -191,10 +193,15 @@ class ContinuedRate:
     epochs: float
     factor: float
     start: float = 0.7
+    decay: InverseTimeDecay | None = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:  # the decay, built once: the rate is read every step
+        decay = None
+        if self.factor > DECAYED:
+            floor = DECAY_FLOOR / self.factor
+            decay = InverseTimeDecay(self.epochs, start=self.start, floor=floor)
+        object.__setattr__(self, "decay", decay)
 
     def __call__(self, epoch: float) -> float:
         """The factor of the base rate at epoch ``epoch`` (fractional)."""
-        if self.factor <= DECAYED:
-            return self.factor
-        decay = InverseTimeDecay(self.epochs, start=self.start, floor=DECAY_FLOOR / self.factor)
-        return self.factor * decay(epoch)
+        return self.factor if self.decay is None else self.factor * self.decay(epoch)

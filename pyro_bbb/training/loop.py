@@ -359,7 +359,7 @@ def fit(
         model, guide, objective.named, params, optim, history, batches.seed, first, rates,
         scores.average, run=length,
     )  # fmt: skip
-    _resume_or_seed(state, saving, parallel, seed, length)
+    _resume_or_seed(state, saving, parallel, seed)
     monitor = CollapseMonitor(model, guide, *first)
 
     # the epochs
@@ -434,7 +434,6 @@ def _resume_or_seed(
     saving: Checkpointing,
     parallel: DataParallel,
     seed: int | None,
-    length: RunLength,
 ) -> None:
     """Continue a checkpoint (parameters, optimiser, History, random states), or seed the noise.
 
@@ -446,5 +445,5 @@ def _resume_or_seed(
         saving.restore(state, parallel.rank)
     else:
         parallel.seed_noise(seed)
-    length.restore(state.history)
-    saving.check_halvings(getattr(length, "halvings", []))
+    state.run.restore(state.history)
+    saving.check_halvings(getattr(state.run, "halvings", []))

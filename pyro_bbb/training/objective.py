@@ -19,7 +19,7 @@ import torch
 from .._devices import cuda_devices
 from ..infer.elbo import AnnealedELBO, ELBOTerms
 from ..infer.fused import FusedELBO, fused_elbo
-from ..infer.guides._base import SiteGuide
+from ..infer.guides._base import site_guide
 from ..infer.guides._params import claim_fitted
 from ..infer.reparam import estimator, warn_slower_paths
 from ..nn.draws import describe_draws, settle_draws
@@ -67,7 +67,7 @@ def build_objective(
     named, params, first_terms = _parameters(model, guide, elbo, handler, first)
     # a guide or model built later that would take them says so, and so does this fit
     # where it trains what an earlier fit trained for another model or autoguide
-    ours = isinstance(getattr(guide, "members", guide), SiteGuide)  # checked at set-up
+    ours = site_guide(guide) is not None  # checked at set-up
     claim_fitted({n: t for n, t in named.items() if t.requires_grad}, model, guide, set_up=ours)
     if num_particles is None:  # its set-up is kept
         drawn = draw_size(guide, *first)

@@ -54,7 +54,7 @@ import pyro
 import torch
 from pyro.distributions import constraints
 
-from ..infer.guides._base import SiteGuide
+from ..infer.guides._base import site_guide
 from ..nn.layers import initial_values
 from .optimizers import BOUNDED_STEP, OptimizerSpec, make_optimizer
 
@@ -141,8 +141,9 @@ def tensor_rates(
     Returns:
         ``{param-store name: TensorRate}``, in ``named``'s order.
     """
-    roles = _roles(guide)
-    factor_sizes = _factor_sizes(guide)
+    ours = site_guide(guide)
+    roles = {} if ours is None else ours.parameter_roles()
+    factor_sizes = getattr(ours, "factor_sizes", {})
     bounded = _constrained(named)
     sizes = initial_values(model) if isinstance(model, torch.nn.Module) else {}
     kinds: dict[str, tuple[str, str]] = {}
@@ -205,22 +206,6 @@ def _network_rate(
                 name, rate.kind, largest.rate, f"the network's, {largest.source}, below its own"
             )
     return largest
-
-
-def _factor_sizes(guide: object) -> dict[str, float]:
-    """``{block: initial size}`` of a low-rank guide's factors (an ensemble's members')."""
-    for candidate in (guide, getattr(guide, "members", None)):
-        if isinstance(candidate, SiteGuide):
-            return dict(getattr(candidate, "factor_sizes", {}))
-    return {}
-
-
-def _roles(guide: object) -> dict[str, tuple[str, str]]:
-    """``{param-store name: (kind, key)}`` of this package's guides (an ensemble's members)."""
-    for candidate in (guide, getattr(guide, "members", None)):
-        if isinstance(candidate, SiteGuide):
-            return candidate.parameter_roles()
-    return {}
 
 
 def _constrained(named: Mapping[str, torch.Tensor]) -> set[str]:

@@ -31,7 +31,15 @@ from ...nn import fresh_initial_values
 from ._init import InitLoc, global_latent_sites, initial_locs
 from ._params import taking_fitted
 
-__all__ = ["GaussianGuide", "SiteGuide", "SiteWiseGuide"]
+__all__ = ["GaussianGuide", "SiteGuide", "SiteWiseGuide", "site_guide"]
+
+
+def site_guide(guide: object) -> SiteGuide | None:
+    """The package's guide behind ``guide``: itself, an ensemble's members, or ``None``."""
+    for candidate in (guide, getattr(guide, "members", None)):
+        if isinstance(candidate, SiteGuide):
+            return candidate
+    return None
 
 
 class SiteGuide(AutoGuide):
