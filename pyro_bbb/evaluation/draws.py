@@ -285,6 +285,8 @@ def posterior_draws(
             replay = ModelReplay(replayed_model, guide_trace, plate, observed, module)
             rows = rows or replay.rows_per_slice(x)
             parts.update(_replayed(replay, x, y, rows, num_data, layout, n, predictive))
+            if not log_likelihood:  # its per-row values are not kept: no slice's is gathered
+                parts.pop("log_likelihood", None)
         for key, part in parts.items():
             gathered.setdefault(key, _Gathered(layout.plate_size)).add(part)
     out = {key: layout.final(g.tensor) for key, g in gathered.items()}
@@ -293,7 +295,7 @@ def posterior_draws(
         values,
         log_prior=out.get("log_prior"),
         log_q=out.get("log_q"),
-        log_likelihood=out.get("log_likelihood") if log_likelihood else None,
+        log_likelihood=out.get("log_likelihood"),
         total_log_likelihood=out.get("total_log_likelihood"),
         predictive=out.get("predictive"),
     )
@@ -333,19 +335,21 @@ def _log_q(posterior, guide_trace: poutine.Trace, layout: _Layout, n: int) -> to
     r""":math:`\log q(w)` of each draw of the slice, ``(n[, C])``."""
     if layout.ensemble:
         return layout.lead(posterior.mixture_log_prob(guide_trace), n, 0)
-    log_q = None
-    for site in guide_trace.nodes.values():
-        if site["type"] == "sample" and not site["is_observed"] and not site_is_subsample(site):
-            term = _per_draw(site["fn"].log_prob(site["value"]), n, layout)
-            log_q = term if log_q is None else log_q + term
-    return torch.zeros(n) if log_q is None else log_q
+    return _log_density(guide_trace, n, layout)
 
 
 def _log_prior(trace: poutine.Trace, observed: str, n: int, layout: _Layout) -> torch.Tensor:
     r""":math:`\log p(w)` of each draw of the slice from the model's trace, ``(n[, C])``."""
+    return _log_density(trace, n, layout, skip=observed)
+
+
+def _log_density(
+    trace: poutine.Trace, n: int, layout: _Layout, skip: str | None = None
+) -> torch.Tensor:
+    """The latent sites' log-density of each draw (subsample sites and ``skip`` aside)."""
     total = None
     for name, site in trace.iter_stochastic_nodes():
-        if name == observed or site_is_subsample(site) or site["is_observed"]:
+        if name == skip or site_is_subsample(site):
             continue
         term = _per_draw(site["fn"].log_prob(site["value"]), n, layout)
         total = term if total is None else total + term

@@ -124,16 +124,14 @@ def posterior_summary(
     for site in marginals:
         key = {"site": site, "layer": site.rpartition(".")[0] or site, "network": "network"}[by]
         groups.setdefault(key, []).append(site)
+    locs = {site: loc for site, (loc, _) in marginals.items()}
+    scales = {site: scale for site, (_, scale) in marginals.items()}
     rows, index = [], []
     for member in range(members):
         for key, sites in groups.items():
             loc, scale, kl = (
                 np.concatenate([_member(t[site], member, members) for site in sites])
-                for t in (
-                    {s: m[0] for s, m in marginals.items()},
-                    {s: m[1] for s, m in marginals.items()},
-                    kls,
-                )
+                for t in (locs, scales, kls)
             )
             row: dict[str, Any] = {"layer": key.rpartition(".")[0]} if by == "site" else {}
             row["weights"] = scale.size

@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["ENVIRONMENT_VARIABLE", "CompiledKernel", "compiling_enabled"]
+__all__ = ["ENVIRONMENT_VARIABLE", "CompiledKernel", "compiling_enabled", "say_once"]
 
 #: Set to ``0`` (``false``, ``no``, ``off``) to run the plain functions, never compiling.
 ENVIRONMENT_VARIABLE = "PYRO_BBB_COMPILE"
@@ -48,12 +48,13 @@ def compiling_enabled() -> bool:
     return os.environ.get(ENVIRONMENT_VARIABLE, "1").strip().lower() not in _OFF
 
 
-def _say_once(reason: str, message: str) -> None:
+def say_once(reason: str, message: str, *, stacklevel: int = 4) -> None:
+    """Warn ``message`` once a process for ``reason`` (``stacklevel`` as ``warnings.warn``'s)."""
     with _lock:
         if reason in _warned:
             return
         _warned.add(reason)
-    warnings.warn(message, UserWarning, stacklevel=4)
+    warnings.warn(message, UserWarning, stacklevel=stacklevel)
 
 
 class CompiledKernel:
@@ -77,7 +78,7 @@ class CompiledKernel:
         compiling failed in this process.
         """
         if like.device.type != "cpu":
-            _say_once(
+            say_once(
                 f"{self.name}:{like.device.type}",
                 f"{self.name}: the compiled kernel runs on the CPU only and has never run on "
                 f"{like.device.type}; the eager path (the same arithmetic) runs there",
@@ -95,7 +96,7 @@ class CompiledKernel:
             return self._compiled(*args)
         except Exception as error:  # a missing compiler, an unsupported platform, ...
             self.failure = f"{type(error).__name__}: {str(error).strip().splitlines()[0]}"
-            _say_once(
+            say_once(
                 f"{self.name}:failed",
                 f"{self.name}: torch.compile could not build the compiled kernel here "
                 f"({self.failure[:300]}); the eager path (the same arithmetic, slower) runs "

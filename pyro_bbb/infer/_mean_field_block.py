@@ -49,8 +49,6 @@ three copies a step, which on 784-400-400-10 weighed more than the calls saved.
 from __future__ import annotations
 
 import math
-import threading
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -58,6 +56,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from .._pyro_compat import concatenated, stretches_of
+from ._compiled import say_once
 from .guides._init import scale_from_rho
 
 __all__ = ["MeanFieldBlock", "PackedMeanFieldBlock", "SiteLayout", "packed_block_runs"]
@@ -93,8 +92,7 @@ class SiteLayout:
     def __post_init__(self) -> None:
         #: :math:`c_j = 1/s_j^2`: a number, or a 0-d tensor where :math:`s_j` is one
         self.coefs = [1.0 / (s * s) for s in self.prior_scales]
-        #: Each site's number of weights :math:`n_j`, and its stretch of a packed buffer:
-        #: ``(shape, strides, offset)`` of the site's view.
+        #: Each site's number of weights :math:`n_j`, its stretch of a packed buffer.
         self.sizes = [math.prod(shape) for shape in self.shapes]
 
     def site_sums(self, terms: torch.Tensor) -> torch.Tensor:
@@ -146,17 +144,15 @@ class SiteLayout:
             if all(isinstance(s, float) for s in self.prior_scales):
                 half = [c / 2 for c in self.coefs]
                 constant = [
-                    math.prod(shape) * (math.log(s) - 0.5)
-                    for shape, s in zip(self.shapes, self.prior_scales, strict=True)
+                    n * (math.log(s) - 0.5)
+                    for n, s in zip(self.sizes, self.prior_scales, strict=True)
                 ]
                 made = tuple(
                     torch.tensor(v, dtype=like.dtype, device=like.device) for v in (half, constant)
                 )
             else:  # device tensors: computed there, never read back
                 scales = torch.stack([_on(s, like) for s in self.prior_scales])
-                sizes = torch.tensor(
-                    [math.prod(shape) for shape in self.shapes], dtype=like.dtype
-                ).to(like.device)
+                sizes = torch.tensor(self.sizes, dtype=like.dtype).to(like.device)
                 made = (scales.square().reciprocal().div(2), sizes * (scales.log() - 0.5))
             self._constants[key] = made
         return made
@@ -310,15 +306,11 @@ class PackedMeanFieldBlock(torch.autograd.Function):
             ]
         )
         half_coef, _ = layout.packed_prior(scale)
-        grad_coef = grad_total * (2 * half_coef)
+        grad_coef = (2 * grad_total) * half_coef  # one pass over the weights: 2x is exact
         grad_loc = torch.addcmul(grad_value, deviation, grad_coef)
         grad_noise = grad_value.mul_(eps)  # g_w is this node's own buffer: written over
         grad_rho = _rho_gradient(grad_noise, grad_coef, -grad_total, rhos, scale)
         return (None, None, None, *stretches_of(grad_loc, sites), *stretches_of(grad_rho, sites))
-
-
-_warned: set[str] = set()
-_lock = threading.Lock()
 
 
 def packed_block_runs(device: torch.device) -> bool:
@@ -331,15 +323,11 @@ def packed_block_runs(device: torch.device) -> bool:
     if device.type == "cpu":
         return True
     if device.type != "meta":
-        with _lock:
-            first = device.type not in _warned
-            _warned.add(device.type)
-        if first:
-            warnings.warn(
-                "MeanFieldGuide: the fused step's packed draw (every site in a few calls) "
-                f"has run on the CPU only; on {device.type} the sites are drawn one by one "
-                "(the same values, more calls a step)",
-                UserWarning,
-                stacklevel=2,
-            )
+        say_once(
+            f"packed-{device.type}",
+            "MeanFieldGuide: the fused step's packed draw (every site in a few calls) has "
+            f"run on the CPU only; on {device.type} the sites are drawn one by one (the same "
+            "values, more calls a step)",
+            stacklevel=3,
+        )
     return False

@@ -399,7 +399,7 @@ class _MeanFieldDraws(_Draws):
             self._kinds[site.name] = (prior, how)
         return how
 
-    def _layout(self, sample: tuple[int, ...]) -> SiteLayout | None:
+    def _layout(self) -> SiteLayout | None:
         """The sites' layout when one :class:`MeanFieldBlock` draws them all, else ``None``.
 
         That is the common case, on any device: a single guide (no member dims; one draw
@@ -439,17 +439,13 @@ class _MeanFieldDraws(_Draws):
         self._block = (priors, pairs, layout)
         return layout
 
-    def uses_block(self, sample: tuple[int, ...] = ()) -> bool:
-        """Whether a draw of ``sample`` draws every site in one :class:`MeanFieldBlock`."""
-        return self._layout(sample) is not None
-
     def prepare(self) -> None:
         """Pack the guide's parameters now, at set-up, if the steps take the packed block.
 
         The packing only moves their values into two buffers (each parameter the same
         tensor, a view of them); done in the first step, it would be that step's time.
         """
-        if self._elbo.num_particles == 1 and self._layout(()) is not None:
+        if self._elbo.num_particles == 1 and self._layout() is not None:
             self._packed(())
 
     def _packed(self, sample: tuple[int, ...]):
@@ -485,7 +481,7 @@ class _MeanFieldDraws(_Draws):
         )
 
     def draw(self, sample: tuple[int, ...]) -> _Draw:
-        layout = self._layout(sample)
+        layout = self._layout()
         if layout is not None:
             return self._block_draw(layout, sample)
         parts = []

@@ -43,7 +43,7 @@ from ..model import BNN
 from .linearised import check_gaussian_draws, linearised_outputs
 from .reparam import estimator
 from .sites import model_in_plates
-from .slices import Concatenation, ModelReplay
+from .slices import Concatenation, ModelReplay, expanded_parameter
 
 __all__ = ["ClassificationPrediction", "Prediction", "RegressionPrediction", "predict"]
 
@@ -431,9 +431,7 @@ def _summarise(fn: dist.TorchDistribution, draws: torch.Tensor, num_samples: int
 
     def parameter(name: str, event: int = event_dim) -> torch.Tensor:
         """A parameter expanded to the batch shape: ``(S, batch, *event)``."""
-        value = getattr(base, name)
-        value = value.expand(*base.batch_shape, *value.shape[len(base.batch_shape) :])
-        return _samples_first(value, num_samples, event)
+        return _samples_first(expanded_parameter(base, name), num_samples, event)
 
     samples = _samples_first(draws, num_samples, event_dim)
     if isinstance(base, dist.Normal):

@@ -45,6 +45,7 @@ __all__ = [
     "Undrawn",
     "activation_bytes",
     "concatenate",
+    "expanded_parameter",
     "rows_per_slice",
 ]
 
@@ -261,11 +262,11 @@ class Concatenation:
             if rows == self.num_rows:
                 return  # one slice: kept as it is
             for name in _parameters(base):
-                value = _expanded(base, name)
+                value = expanded_parameter(base, name)
                 shape = (*value.shape[:dim], self.num_rows, *value.shape[dim + 1 :])
                 self._full[name] = value.new_empty(shape)
         for name, full in self._full.items():
-            full.narrow(dim, self._filled, rows).copy_(_expanded(base, name))
+            full.narrow(dim, self._filled, rows).copy_(expanded_parameter(base, name))
         self._filled += rows
 
     def result(self) -> dist.TorchDistribution:
@@ -297,7 +298,7 @@ def _parameters(base: dist.TorchDistribution) -> tuple[str, ...]:
     )
 
 
-def _expanded(base: dist.TorchDistribution, name: str) -> torch.Tensor:
+def expanded_parameter(base: dist.TorchDistribution, name: str) -> torch.Tensor:
     """A parameter expanded to the distribution's batch shape (and its own trailing dims)."""
     value = getattr(base, name)
     return value.expand(*base.batch_shape, *value.shape[len(base.batch_shape) :])

@@ -12,11 +12,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from pyro_bbb.infer._compiled import _warned
 from pyro_bbb.infer._mean_field_block import (
     MeanFieldBlock,
     PackedMeanFieldBlock,
     SiteLayout,
-    _warned,
     packed_block_runs,
 )
 from pyro_bbb.infer.guides._packed import PackedParameters
@@ -161,7 +161,7 @@ def test_the_packed_blocks_gradients_land_in_one_buffer_per_kind():
 
 
 def test_the_packed_block_runs_on_the_cpu_and_says_once_where_it_does_not():
-    _warned.discard("cuda")
+    _warned.discard("packed-cuda")
     assert packed_block_runs(torch.device("cpu"))
     assert not packed_block_runs(torch.device("meta"))  # holds no values: nothing to say
     with pytest.warns(UserWarning, match="run on the CPU only; on cuda the sites are drawn"):

@@ -56,7 +56,7 @@ class PackedParameters:
         self.sizes = tuple(t.numel() for t in tensors)
         #: The buffer, ``(d,)``: every tensor's values, end to end.
         self.buffer = torch.empty(sum(self.sizes), dtype=first.dtype, device=first.device)
-        offset, self._addresses = 0, []
+        offset = 0
         with torch.no_grad():
             for tensor, size in zip(self.tensors, self.sizes, strict=True):
                 piece = self.buffer[offset : offset + size]
