@@ -236,15 +236,17 @@ def _mean_rates(
         # the module: "fc1" of site "fc1.weight", under the parameter's own root
         root = name[: len(name) - len(key)] if name.endswith(key) else name
         layers.setdefault((root, key.rpartition(".")[0]), []).append(name)
+
+    def rate_of(name: str) -> tuple[float, str]:
+        return _rate_of(name, _size_tensor(name, means, kinds, sites))
+
     rates = {}
     for members in layers.values():
         tables = [n for n in members if _size_tensor(n, means, kinds, sites).dim() >= 2]
         reference = max(tables, key=lambda n: means[n].numel(), default=None)
+        shared = None if reference is None else rate_of(reference)  # once a layer
         for name in members:
-            source = name if reference is None else reference
-            rates[name] = TensorRate(
-                name, "loc", *_rate_of(source, _size_tensor(source, means, kinds, sites))
-            )
+            rates[name] = TensorRate(name, "loc", *(shared or rate_of(name)))
     return rates
 
 
