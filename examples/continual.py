@@ -13,7 +13,9 @@ N(0, 1) prior again) and joint training (a fresh fit on all the tasks seen so fa
 average test accuracy over the tasks seen so far after each task, and saves a figure of every
 task's accuracy as later tasks are learned.
 
-    python examples/continual.py [--epochs 100] [--coreset 20] [--figure docs/continual.png]
+    python examples/continual.py [--epochs 100] [--coreset 20] [--figure continual.png]
+
+(``--figure docs/continual.png`` from the repository's root redraws the documentation's.)
 """
 
 import argparse
@@ -39,7 +41,7 @@ parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--epochs", type=int, default=100, help="epochs per task")
 parser.add_argument("--coreset", type=int, default=20, help="coreset points per task")
 parser.add_argument("--hidden", type=int, default=50)
-parser.add_argument("--figure", default="docs/continual.png", help="PNG path")
+parser.add_argument("--figure", default="continual.png", help="PNG path")
 parser.add_argument("--json", default=None, help="also write the accuracies here")
 args = parser.parse_args()
 torch.set_num_threads(1)  # small networks: one thread is fastest
