@@ -16,9 +16,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import pyro
 import torch
 
+from .._random_state import seeded
 from .._validation import check_int
 from ..infer import Ensemble
 from ..infer.mcmc import NUTSResult
@@ -62,7 +62,7 @@ def psis_khat(
         y: Its targets.
         num_samples: Draws ``S`` (at least a few hundred; the tail fit uses
             :math:`\min(S/5, 3\sqrt S)` of them).
-        seed: Seed for the draws.
+        seed: Seed for the draws (the caller's random state is left as it was).
 
     Returns:
         :math:`\hat k` (dimensionless).
@@ -80,13 +80,12 @@ def psis_khat(
         )
     if check_int("num_samples", num_samples) < 10:
         raise ValueError(f"num_samples must be at least 10, got {num_samples}")
-    if seed is not None:
-        pyro.set_rng_seed(seed)
     chains = None if isinstance(guide, Ensemble) else 1  # the tail fit reads the draws flat
-    draws = posterior_draws(
-        model, guide, x, y, num_samples=num_samples, num_chains=chains, sites=[],
-        log_likelihood=False,
-    )  # fmt: skip
+    with seeded(seed, x):
+        draws = posterior_draws(
+            model, guide, x, y, num_samples=num_samples, num_chains=chains, sites=[],
+            log_likelihood=False,
+        )  # fmt: skip
     log_ratio = (draws.log_joint - draws.log_q).reshape(-1).double()
     if not torch.isfinite(log_ratio).all():
         raise ValueError("log p(y, w) - log q(w) is not finite for some draws")

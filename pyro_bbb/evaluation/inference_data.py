@@ -19,9 +19,9 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pyro
 import torch
 
+from .._random_state import seeded
 from .._validation import check_int
 from ..infer.mcmc import NUTSResult
 from ..training import ConvergenceWarning
@@ -233,7 +233,8 @@ def to_inference_data(
         batch_size: Rows per pass of the model (``None``: as many as hold about 256 MiB of
             activations; see :func:`~pyro_bbb.predict`).
         max_bytes: The largest export to build, in bytes (``None``: no limit).
-        seed: Seed for the guide draws and predictive draws.
+        seed: Seed for the guide draws and predictive draws (the caller's random state is
+            left as it was).
 
     Returns:
         An ``arviz.InferenceData``.
@@ -274,14 +275,14 @@ def to_inference_data(
     )  # fmt: skip
     if max_bytes is not None and sum(size.values()) > max_bytes:
         _refuse(size, shapes, num_draws, var_names, max_bytes)
-    if seed is not None:
-        pyro.set_rng_seed(seed)
     data = log_likelihood or posterior_predictive
-    draws = posterior_draws(
-        model, posterior, x, y if data else None,
-        num_samples=num_samples, num_chains=num_chains, sites=kept, coords=chosen,
-        log_likelihood=log_likelihood, predictive=posterior_predictive, batch_size=batch_size,
-    )  # fmt: skip
+    with seeded(seed, x):
+        draws = posterior_draws(
+            model, posterior, x, y if data else None,
+            num_samples=num_samples, num_chains=num_chains, sites=kept, coords=chosen,
+            log_likelihood=log_likelihood, predictive=posterior_predictive,
+            batch_size=batch_size,
+        )  # fmt: skip
     observed = getattr(model, "observation_site", "obs")
     groups: dict[str, Any] = {"posterior": {k: numpy_of(v) for k, v in draws.values.items()}}
     data_dims = [DATA_DIM] + (["obs_dim"] if y.dim() > 1 else [])

@@ -31,6 +31,7 @@ import torch
 
 from .. import metrics
 from .._heap import kept_heap
+from .._random_state import seeded
 from .._support import independent_base
 from .._validation import (
     check_choice,
@@ -341,7 +342,9 @@ def predict(
             practice bit for bit), except under ``reparam="local"``/``"flipout"``, whose noise
             is drawn pass by pass. On the CPU, with ``PYRO_BBB_KEEP_HEAP=1``, the passes
             reuse the memory the previous one freed (glibc; as in :func:`~pyro_bbb.fit`).
-        seed: Seed for Pyro and torch.
+        seed: The draws' seed: the same seed gives the same prediction. The caller's random
+            state is left as it was (a prediction inside a training loop does not reset the
+            loop's draws); ``None`` draws from the current state and advances it.
 
     Returns:
         A :class:`RegressionPrediction` or :class:`ClassificationPrediction`.
@@ -362,8 +365,6 @@ def predict(
     check_tensor("x", x, dtype if isinstance(dtype, torch.dtype) else torch.float32)
     if torch.is_floating_point(x) and x.device.type != "meta":  # the model names a meta x
         check_finite_tensor("x", x)
-    if seed is not None:
-        pyro.set_rng_seed(seed)
     if predictive == "linearised":
         _check_linearisable(model, guide, reparam)
     observed = getattr(model, "observation_site", "obs")
@@ -371,7 +372,7 @@ def predict(
     module = model if isinstance(model, torch.nn.Module) else None
     model, nesting = model_in_plates(model, guide)
     plate = pyro.plate("predictive_samples", num_samples, dim=-((nesting or 1) + 1))
-    with estimator(reparam)():
+    with seeded(seed, x, guide), estimator(reparam)():
         guide_trace = poutine.trace(plate(guide)).get_trace(x)
         replay = ModelReplay(model, guide_trace, plate, observed, module)
         if batch_size is None:
@@ -386,8 +387,8 @@ def predict(
             for chunk in chunks:
                 together.add(replay.observation(chunk))
             fn = together.result()
-    # drawn once from every row's distribution, as Pyro draws a site: fn() (rsample if it can)
-    return _summarise(fn, fn(), num_samples * members)
+        # drawn once from every row's distribution, as Pyro draws a site: fn() (rsample if it can)
+        return _summarise(fn, fn(), num_samples * members)
 
 
 def _check_linearisable(model, guide, reparam) -> None:

@@ -312,6 +312,21 @@ def test_predict_with_the_same_seed_is_reproducible(trained):
     assert not torch.equal(first.loc_samples, other.loc_samples)
 
 
+def test_a_seeded_prediction_leaves_the_callers_random_stream_where_it_was(trained):
+    # a callback that scores with predict(seed=0) every epoch once reset the training loop's
+    # draws (minibatch order, weight noise) to the same numbers each epoch
+    model, guide, x = trained
+    pyro.set_rng_seed(11)
+    expected = (torch.rand(3), np.random.rand(3))
+    pyro.set_rng_seed(11)
+    predict(model, guide, x, num_samples=6, seed=0)
+    torch.testing.assert_close(torch.rand(3), expected[0], rtol=0, atol=0)
+    np.testing.assert_array_equal(np.random.rand(3), expected[1])
+    before = torch.get_rng_state()
+    predict(model, guide, x, num_samples=6)  # unseeded: draws from the stream, advancing it
+    assert not torch.equal(torch.get_rng_state(), before)
+
+
 def test_predict_in_chunks_uses_the_same_weight_samples_as_unchunked(trained):
     model, guide, x = trained
     whole = predict(model, guide, x, num_samples=6, seed=3)

@@ -25,8 +25,8 @@ from pyro.poutine.runtime import Message
 from torch import nn
 from torch.func import vmap
 
-from ..._devices import cuda_devices
 from ..._pyro_compat import set_cached_value, user_class
+from ..._random_state import kept_random_state
 from ..._shapes import broadcast_shape, sample_dims
 from .buffers import kept_buffers
 from .current import Draw, drawn_once, running_draw
@@ -202,19 +202,15 @@ def settle_draws(net: nn.Module, *args: Any, plate_dim: int = -2) -> PerDrawPath
         return PerDrawPath(DrawPath.BROADCAST)
     known = runner.path()
     if known is None or (known.path is DrawPath.VMAP and not known.backward):
-        state = pyro.util.get_rng_state()
-        try:
-            with (
-                torch.random.fork_rng(devices=cuda_devices(net, *args)),
-                torch.enable_grad(),
-                kept_buffers(net),
-                poutine.block(),
-                _DifferentiableDraws(),
-                pyro.plate("draws", 2, dim=plate_dim),
-            ):
-                net(*args)
-        finally:
-            pyro.util.set_rng_state(state)
+        with (
+            kept_random_state(net, *args),
+            torch.enable_grad(),
+            kept_buffers(net),
+            poutine.block(),
+            _DifferentiableDraws(),
+            pyro.plate("draws", 2, dim=plate_dim),
+        ):
+            net(*args)
         known = runner.path()
     return known
 
