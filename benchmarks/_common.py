@@ -51,6 +51,11 @@ def repository_root() -> Path:
     return Path(__file__).resolve().parents[1]
 
 
+#: The five UCI regression sets' split folders beside the repository (``--uci``'s default,
+#: whatever the folder a script is run from).
+UCI_FOLDER = repository_root().parent / "shared" / "data" / "uci"
+
+
 # --------------------------------------------------------------------------------- arguments
 def script_parser(doc: str | None) -> argparse.ArgumentParser:
     """A script's parser, described by the first paragraph of its docstring ``doc``."""

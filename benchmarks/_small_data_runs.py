@@ -17,13 +17,14 @@ import pyro
 import pyro.distributions as dist
 import pyro.poutine as poutine
 import torch
+from _common import UCI_FOLDER
 from _small_data_scores import beta1_loss
 
 import pyro_bbb as bbb
 from pyro_bbb.infer import LinearWarmup
 
 #: Where the UCI sets are (``--uci`` sets it).
-SETTINGS = {"uci": Path(__file__).resolve().parents[1].parent / "shared" / "data" / "uci"}
+SETTINGS = {"uci": UCI_FOLDER}
 
 
 # ------------------------------------------------------------------------------ problems

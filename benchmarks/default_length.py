@@ -40,6 +40,7 @@ from pathlib import Path
 
 import pyro
 from _common import (
+    UCI_FOLDER,
     Timed,
     add_run_arguments,
     grouped,
@@ -152,7 +153,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--problems", nargs="+", default=["gap"])
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2, 3])
     parser.add_argument("--mnist", type=Path, default=FASHION_MNIST)
-    parser.add_argument("--uci", type=Path, default=Path("../shared/data/uci"))
+    parser.add_argument("--uci", type=Path, default=UCI_FOLDER)
     parser.add_argument("--protocols", nargs="+", help="only these (auto, b128, an epoch count)")
     args = parser.parse_args(argv)
 

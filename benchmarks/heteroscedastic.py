@@ -68,7 +68,14 @@ from unittest import mock
 import pyro
 import pyro.distributions as dist
 import torch
-from _common import add_run_arguments, grouped, markdown_table, run_missing, script_parser
+from _common import (
+    UCI_FOLDER,
+    add_run_arguments,
+    grouped,
+    markdown_table,
+    run_missing,
+    script_parser,
+)
 from pyro.nn import PyroModule
 
 import pyro_bbb as bbb
@@ -305,7 +312,7 @@ def main() -> None:
     parser.add_argument("--problems", nargs="+")
     parser.add_argument("--variants", nargs="+", choices=sorted({*VARIANTS, *UCI_VARIANTS}))
     parser.add_argument("--seeds", nargs="+", type=int)
-    parser.add_argument("--uci", type=Path, default=Path("../shared/data/uci"))
+    parser.add_argument("--uci", type=Path, default=UCI_FOLDER)
     args = parser.parse_args()
     if args.problems or args.variants or args.seeds:
         chosen = [

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from _common import machine, markdown_table, script_parser
+from _common import UCI_FOLDER, machine, markdown_table, script_parser
 
 import pyro_bbb as bbb
 
@@ -195,7 +195,7 @@ def main() -> None:
     parser.add_argument("--draws", type=int, help="warm-up iterations = draws per chain")
     parser.add_argument("--max-tree-depth", type=int, default=10)
     parser.add_argument("--pyro-draws", type=int, help="Pyro's measured draws; 0: NumPyro only")
-    parser.add_argument("--uci", type=Path, default=Path(__file__).parents[2] / "shared/data/uci")
+    parser.add_argument("--uci", type=Path, default=UCI_FOLDER)
     parser.add_argument("--variants", action="store_true", help="chain method, depth, mass, init")
     args = parser.parse_args()
     torch.set_num_threads(1)

@@ -22,7 +22,7 @@ import math
 from dataclasses import asdict
 from pathlib import Path
 
-from _common import machine, markdown_table, repository_root, save_report, script_parser
+from _common import UCI_FOLDER, machine, markdown_table, save_report, script_parser
 
 from pyro_bbb.bench.online_uci import (
     BATCH,
@@ -102,7 +102,7 @@ def targets(table, methods):
 
 def main():
     parser = script_parser(__doc__)
-    parser.add_argument("--data", default=str(repository_root().parent / "shared/data/uci"))
+    parser.add_argument("--data", default=str(UCI_FOLDER))
     parser.add_argument("--splits", type=int, default=None, help="the first N splits of each")
     parser.add_argument("--datasets", nargs="+", default=None)
     parser.add_argument("--methods", nargs="+", default=list(DEFAULTS), choices=[*METHODS, BATCH])
