@@ -29,19 +29,18 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager, nullcontext
+from collections.abc import Callable, Iterable
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
-import pyro
 import pyro.distributions as dist
 import pyro.poutine as poutine
 import torch
 from pyro.infer.autoguide import AutoNormal
 from torch.distributions import Normal, kl_divergence
 
-from .._devices import cuda_devices
+from .._random_state import kept_random_state
 from .._support import independent_base
 from ..nn.draws import kept_buffers
 from ..nn.layers import BayesianLayer
@@ -93,17 +92,6 @@ def _marginals(guide) -> dict[str, tuple[torch.Tensor, torch.Tensor]] | None:
     return None
 
 
-@contextmanager
-def _random_state_kept(*tensors: torch.Tensor) -> Iterator[None]:
-    """Restore every random state Pyro seeds (torch, CUDA, Python, NumPy) on leaving."""
-    state = pyro.util.get_rng_state()
-    with torch.random.fork_rng(devices=cuda_devices(*tensors)):
-        try:
-            yield
-        finally:
-            pyro.util.set_rng_state(state)
-
-
 def _priors(model, *data: torch.Tensor) -> dict[str, dict]:
     """The model's global latent sites, from one trace drawing from the prior.
 
@@ -111,7 +99,7 @@ def _priors(model, *data: torch.Tensor) -> dict[str, dict]:
     more than one row); the model's buffers and the random states are left as they were.
     """
     kept = kept_buffers(model) if isinstance(model, torch.nn.Module) else nullcontext()
-    with _random_state_kept(*data), torch.no_grad(), poutine.block(), kept:
+    with kept_random_state(*data), torch.no_grad(), poutine.block(), kept:
         trace = poutine.trace(model).get_trace(*data)
     return {
         name: site
@@ -409,7 +397,7 @@ def diagnose_collapse(
     if not kls or x.shape[0] < 2:
         return None
     fraction = _fraction(kls.values())
-    with _random_state_kept(x):
+    with kept_random_state(x):
         try:
             pred = predict(model, guide, x, num_samples=num_samples, seed=seed)
         except NotImplementedError:

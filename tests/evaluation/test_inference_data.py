@@ -326,3 +326,19 @@ def test_an_export_above_max_bytes_is_refused_before_anything_is_drawn(nuts_resu
                              log_likelihood=False, posterior_predictive=False)  # fmt: skip
     assert set(nuts.groups()) == {"posterior", "sample_stats"}
     assert nuts.posterior["0.bias"].shape == (2, 150, 1)
+
+
+def test_a_fresh_guides_first_seeded_export_is_the_one_later_calls_give():
+    pyro.clear_param_store()
+    model = bbb.BNN(bbb.mlp([3, 8, 2]), bbb.likelihoods.Categorical(), num_data=10)
+    guide = bbb.MeanFieldGuide(model)
+    x, y = torch.randn(10, 3), torch.randint(0, 2, (10,))
+    options = {"var_names": "0", "num_samples": 5, "seed": 0}
+    first = to_inference_data(model, guide, x, y, **options)
+    second = to_inference_data(model, guide, x, y, **options)
+    np.testing.assert_array_equal(
+        first.posterior["0.weight"].values, second.posterior["0.weight"].values
+    )
+    np.testing.assert_array_equal(
+        first.log_likelihood["obs"].values, second.log_likelihood["obs"].values
+    )

@@ -13,6 +13,7 @@ import torch
 from pyro_bbb import (
     BNN,
     ClassificationPrediction,
+    Ensemble,
     MeanFieldGuide,
     RegressionPrediction,
     fit,
@@ -325,6 +326,19 @@ def test_a_seeded_prediction_leaves_the_callers_random_stream_where_it_was(train
     before = torch.get_rng_state()
     predict(model, guide, x, num_samples=6)  # unseeded: draws from the stream, advancing it
     assert not torch.equal(torch.get_rng_state(), before)
+
+
+@pytest.mark.parametrize("ensemble", [False, True])
+def test_a_fresh_guides_first_seeded_prediction_is_the_one_later_calls_give(ensemble):
+    # its first call builds its parameters, running the model once (draws from the priors):
+    # inside the seeded block those draws shifted the prediction's, the first call's alone
+    pyro.clear_param_store()
+    model = BNN(mlp([3, 8, 1]), likelihoods.Gaussian(), num_data=20)
+    guide = Ensemble(model, MeanFieldGuide, k=2) if ensemble else MeanFieldGuide(model)
+    x = torch.randn(5, 3)
+    first = predict(model, guide, x, num_samples=4, seed=0)
+    second = predict(model, guide, x, num_samples=4, seed=0)
+    torch.testing.assert_close(first.loc_samples, second.loc_samples, rtol=0, atol=0)
 
 
 def test_predict_in_chunks_uses_the_same_weight_samples_as_unchunked(trained):

@@ -23,6 +23,7 @@ from typing import Any, ClassVar
 
 import pyro
 import pyro.distributions as dist
+import pyro.poutine as poutine
 import torch
 from pyro.infer.autoguide import AutoGuide
 
@@ -31,7 +32,7 @@ from ...nn import fresh_initial_values
 from ._init import InitLoc, global_latent_sites, initial_locs
 from ._params import taking_fitted
 
-__all__ = ["GaussianGuide", "SiteGuide", "SiteWiseGuide", "site_guide"]
+__all__ = ["GaussianGuide", "SiteGuide", "SiteWiseGuide", "set_up", "site_guide"]
 
 
 def site_guide(guide: object) -> SiteGuide | None:
@@ -40,6 +41,26 @@ def site_guide(guide: object) -> SiteGuide | None:
         if isinstance(candidate, SiteGuide):
             return candidate
     return None
+
+
+def set_up(guide: object, *args: Any, **kwargs: Any) -> None:
+    """Build an autoguide's parameters from the model's arguments, if it has none yet.
+
+    Pyro's autoguides, this package's guides and an ensemble's members build their
+    parameters on their first call, which runs the model once and so draws from its priors.
+    Built before a seeded block (``predict(seed=...)``), those draws come from the caller's
+    stream, as any first call's do, and the block's from its seed alone: a fresh guide's
+    first seeded prediction is the one every later call gives. Anything else is left as it is.
+
+    Args:
+        guide: A guide; an :class:`~pyro_bbb.infer.Ensemble` builds its members.
+        *args: The model's arguments.
+        **kwargs: The model's keyword arguments.
+    """
+    target = getattr(guide, "members", guide)
+    if isinstance(target, AutoGuide) and target.prototype_trace is None:
+        with poutine.block():
+            target._setup_prototype(*args, **kwargs)
 
 
 class SiteGuide(AutoGuide):
