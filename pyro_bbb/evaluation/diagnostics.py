@@ -18,10 +18,9 @@ from typing import Any
 
 import torch
 
-from .._random_state import seeded
 from .._validation import check_int
 from ..infer import Ensemble
-from ..infer.guides._base import set_up
+from ..infer.guides._base import seeded_draws
 from ..infer.mcmc import NUTSResult
 from .draws import posterior_draws
 from .inference_data import numpy_of
@@ -82,8 +81,7 @@ def psis_khat(
     if check_int("num_samples", num_samples) < 10:
         raise ValueError(f"num_samples must be at least 10, got {num_samples}")
     chains = None if isinstance(guide, Ensemble) else 1  # the tail fit reads the draws flat
-    set_up(guide, x)  # from the caller's stream: the seed's draws are the check's alone
-    with seeded(seed, x):
+    with seeded_draws(guide, seed, x):
         draws = posterior_draws(
             model, guide, x, y, num_samples=num_samples, num_chains=chains, sites=[],
             log_likelihood=False,

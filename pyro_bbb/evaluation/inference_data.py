@@ -21,9 +21,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from .._random_state import seeded
 from .._validation import check_int
-from ..infer.guides._base import set_up
+from ..infer.guides._base import seeded_draws
 from ..infer.mcmc import NUTSResult
 from ..training import ConvergenceWarning
 from .draws import VI_CHAINS, model_sites, posterior_draws
@@ -277,8 +276,7 @@ def to_inference_data(
     if max_bytes is not None and sum(size.values()) > max_bytes:
         _refuse(size, shapes, num_draws, var_names, max_bytes)
     data = log_likelihood or posterior_predictive
-    set_up(posterior, x)  # from the caller's stream: the seed's draws are the export's alone
-    with seeded(seed, x):
+    with seeded_draws(posterior, seed, x):
         draws = posterior_draws(
             model, posterior, x, y if data else None,
             num_samples=num_samples, num_chains=num_chains, sites=kept, coords=chosen,

@@ -31,7 +31,6 @@ import torch
 
 from .. import metrics
 from .._heap import kept_heap
-from .._random_state import seeded
 from .._support import independent_base
 from .._validation import (
     check_choice,
@@ -41,7 +40,7 @@ from .._validation import (
     check_tensor,
 )
 from ..model import BNN
-from .guides._base import set_up
+from .guides._base import seeded_draws
 from .linearised import check_gaussian_draws, linearised_outputs
 from .reparam import estimator
 from .sites import model_in_plates
@@ -373,8 +372,7 @@ def predict(
     module = model if isinstance(model, torch.nn.Module) else None
     model, nesting = model_in_plates(model, guide)
     plate = pyro.plate("predictive_samples", num_samples, dim=-((nesting or 1) + 1))
-    set_up(guide, x)  # from the caller's stream, as a first call's set-up: not the seed's
-    with seeded(seed, x, guide), estimator(reparam)():
+    with seeded_draws(guide, seed, x), estimator(reparam)():
         guide_trace = poutine.trace(plate(guide)).get_trace(x)
         replay = ModelReplay(model, guide_trace, plate, observed, module)
         if batch_size is None:

@@ -41,7 +41,7 @@ from typing import Any
 
 import torch
 
-from .._devices import cuda_devices
+from .._random_state import seeded
 from ..infer.elbo import AnnealedELBO
 from ..infer.predictive import predict
 from ..infer.reparam import estimator
@@ -224,8 +224,7 @@ def _apart(model: object, seed: int, *tensors: object) -> Iterator[None]:
     """Draw from ``seed`` inside, leaving the fit's random states and the net's buffers."""
     net = getattr(model, "net", None)
     buffers = kept_buffers(net) if isinstance(net, torch.nn.Module) else nullcontext()
-    with torch.random.fork_rng(devices=cuda_devices(model, *tensors)), buffers, torch.no_grad():
-        torch.manual_seed(seed)
+    with seeded(seed, model, *tensors), buffers, torch.no_grad():
         yield
 
 

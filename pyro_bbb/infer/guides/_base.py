@@ -18,7 +18,8 @@ initial means. A subclass builds its parameters from initial means that carry th
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any, ClassVar
 
 import pyro
@@ -28,11 +29,12 @@ import torch
 from pyro.infer.autoguide import AutoGuide
 
 from ..._pyro_compat import join_name, pyro_name, set_pyro_name
+from ..._random_state import seeded
 from ...nn import fresh_initial_values
 from ._init import InitLoc, global_latent_sites, initial_locs
 from ._params import taking_fitted
 
-__all__ = ["GaussianGuide", "SiteGuide", "SiteWiseGuide", "set_up", "site_guide"]
+__all__ = ["GaussianGuide", "SiteGuide", "SiteWiseGuide", "seeded_draws", "site_guide"]
 
 
 def site_guide(guide: object) -> SiteGuide | None:
@@ -43,24 +45,28 @@ def site_guide(guide: object) -> SiteGuide | None:
     return None
 
 
-def set_up(guide: object, *args: Any, **kwargs: Any) -> None:
-    """Build an autoguide's parameters from the model's arguments, if it has none yet.
+@contextmanager
+def seeded_draws(guide: object, seed: int | None, *args: Any) -> Iterator[None]:
+    """Draws of ``guide`` inside come from ``seed``; the caller's random state is kept.
 
     Pyro's autoguides, this package's guides and an ensemble's members build their
     parameters on their first call, which runs the model once and so draws from its priors.
-    Built before a seeded block (``predict(seed=...)``), those draws come from the caller's
-    stream, as any first call's do, and the block's from its seed alone: a fresh guide's
-    first seeded prediction is the one every later call gives. Anything else is left as it is.
+    A guide without parameters yet builds them first, from the caller's stream as any first
+    call does, so that the seed's draws are the block's alone: a fresh guide's first seeded
+    prediction is the one every later call gives.
 
     Args:
-        guide: A guide; an :class:`~pyro_bbb.infer.Ensemble` builds its members.
-        *args: The model's arguments.
-        **kwargs: The model's keyword arguments.
+        guide: A guide (an :class:`~pyro_bbb.infer.Ensemble` builds its members), or
+            anything else, left as it is.
+        seed: The draws' seed, or ``None`` to draw from the current state.
+        *args: The model's arguments (their CUDA devices' random states are kept too).
     """
     target = getattr(guide, "members", guide)
     if isinstance(target, AutoGuide) and target.prototype_trace is None:
         with poutine.block():
-            target._setup_prototype(*args, **kwargs)
+            target._setup_prototype(*args)
+    with seeded(seed, *args, guide):
+        yield
 
 
 class SiteGuide(AutoGuide):
