@@ -16,7 +16,6 @@ The ArviZ export (:mod:`~pyro_bbb.evaluation.inference_data`) and PSIS
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,14 +24,12 @@ import pyro.poutine as poutine
 import torch
 from pyro.poutine.util import site_is_subsample
 
-from .._devices import cuda_devices
 from .._support import independent_base
 from .._validation import check_int
 from ..infer import DeltaGuide, Ensemble, MeanFieldGuide
 from ..infer.mcmc import NUTSResult, replay_nuts
-from ..infer.sites import model_in_plates
+from ..infer.sites import model_in_plates, prior_trace
 from ..infer.slices import SLICE_BYTES, ModelReplay, Undrawn
-from ..nn.draws import kept_buffers
 from .selection import site_dims
 
 __all__ = ["VI_CHAINS", "Draws", "model_sites", "posterior_draws"]
@@ -100,13 +97,10 @@ def model_sites(
     """
     if isinstance(posterior, NUTSResult):
         return {k: (v.shape[2:], v.dtype) for k, v in posterior.samples.items()}
-    buffers = kept_buffers(model) if isinstance(model, torch.nn.Module) else nullcontext()
     observed = getattr(model, "observation_site", "obs")
-    with torch.random.fork_rng(devices=cuda_devices(x)), poutine.block(), buffers:
-        trace = poutine.trace(model).get_trace(x[:2])
     return {
         name: (site["value"].shape, site["value"].dtype)
-        for name, site in trace.iter_stochastic_nodes()
+        for name, site in prior_trace(model, x[:2]).iter_stochastic_nodes()
         if name != observed
         and not site["is_observed"]
         and not site["cond_indep_stack"]

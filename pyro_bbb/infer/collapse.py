@@ -30,25 +30,22 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Callable, Iterable
-from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
 import pyro.distributions as dist
-import pyro.poutine as poutine
 import torch
 from pyro.infer.autoguide import AutoNormal
 from torch.distributions import Normal, kl_divergence
 
 from .._random_state import kept_random_state
 from .._support import independent_base
-from ..nn.draws import kept_buffers
 from ..nn.layers import BayesianLayer
 from ..priors.gaussian_block import SiteConditional
 from ..priors.precision_block import PrecisionSiteConditional
 from .guides._base import SiteGuide
 from .predictive import RegressionPrediction, predict
-from .sites import is_real_valued
+from .sites import is_real_valued, prior_trace
 
 __all__ = [
     "FRACTION_THRESHOLD",
@@ -98,12 +95,9 @@ def _priors(model, *data: torch.Tensor) -> dict[str, dict]:
     ``data`` are the model's arguments (``x`` or ``x, y``), a minibatch (BatchNorm needs
     more than one row); the model's buffers and the random states are left as they were.
     """
-    kept = kept_buffers(model) if isinstance(model, torch.nn.Module) else nullcontext()
-    with kept_random_state(*data), torch.no_grad(), poutine.block(), kept:
-        trace = poutine.trace(model).get_trace(*data)
     return {
         name: site
-        for name, site in trace.iter_stochastic_nodes()
+        for name, site in prior_trace(model, *data).iter_stochastic_nodes()
         if not site["is_observed"] and not site["cond_indep_stack"]
     }
 

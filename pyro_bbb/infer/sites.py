@@ -6,15 +6,25 @@ ELBO and the estimators can each import them without importing one another. It a
 :func:`base_support` and :func:`is_real_valued`, the real-support check that guides and NUTS
 share (defined on the model side, which needs it too), and :func:`model_in_plates`, by which
 the ELBO, the predictive, the evaluation and saving run a model inside a guide's own plate (an
-ensemble's members; defined below every side, which all need it).
+ensemble's members; defined below every side, which all need it), and :func:`prior_trace`,
+the one trace of a model from its priors by which the evaluation and the collapse check find
+its latent sites.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from contextlib import nullcontext
+from typing import Any
+
 import pyro.distributions as dist
+import pyro.poutine as poutine
+import torch
 
 from .._plates import model_in_plates
+from .._random_state import kept_random_state
 from .._support import base_support, independent_base, is_real_valued
+from ..nn.draws import kept_buffers
 
 __all__ = [
     "BLOCK_KEY",
@@ -23,6 +33,7 @@ __all__ = [
     "is_point_mass",
     "is_real_valued",
     "model_in_plates",
+    "prior_trace",
 ]
 
 #: ``infer`` key by which an auxiliary guide site declares that its value is the
@@ -43,3 +54,20 @@ def is_point_mass(fn: object) -> bool:
     nothing and has no density of its own.
     """
     return isinstance(independent_base(fn), dist.Delta)
+
+
+def prior_trace(model: Callable[..., Any], *data: torch.Tensor) -> poutine.Trace:
+    """One trace of ``model`` on ``data``, its latent sites drawn from their priors.
+
+    Nothing is left behind: the random states (torch's, CUDA's on the devices of ``data``,
+    Python's and NumPy's), the model's buffers (BatchNorm's running statistics) and Pyro's
+    param store are as they were, and no gradient is recorded.
+
+    Args:
+        model: The model, e.g. a :class:`~pyro_bbb.BNN`.
+        data: Its arguments (``x``, or ``x, y``): a few rows are enough (BatchNorm in
+            training mode needs more than one).
+    """
+    buffers = kept_buffers(model) if isinstance(model, torch.nn.Module) else nullcontext()
+    with kept_random_state(*data), torch.no_grad(), poutine.block(), buffers:
+        return poutine.trace(model).get_trace(*data)
