@@ -37,9 +37,9 @@ from .._pyro_compat import site_name
 from .._validation import check_choice, check_int
 from ..infer.guides import MeanFieldGuide
 from ..infer.predictive import ClassificationPrediction, RegressionPrediction, predict
+from ..infer.sites import prior_trace
 from ..model import BNN
 from ..nn import BayesianLayer, MultiHead
-from ..nn.draws import kept_buffers
 from ..priors import PosteriorPrior, from_guide
 from .coresets import CoresetMethod, select_coreset
 from .history import History
@@ -240,8 +240,7 @@ class VCL:
         for key in [k for k in store if k.startswith(f"{name}.")]:
             del store[key]
         means = {} if self.posterior is None else self.posterior.means()
-        with torch.no_grad(), torch.random.fork_rng(), poutine.block(), kept_buffers(self.model):
-            trace = poutine.trace(self.model).get_trace(x.to(self.model.device))
+        trace = prior_trace(self.model, x.to(self.model.device))
         observed = self.model.observation_site
         active = {n for n, _ in trace.iter_stochastic_nodes() if n != observed}
         init = {site: mean for site, mean in means.items() if site in active}

@@ -22,7 +22,6 @@ import torch
 from pyro.poutine.util import site_is_subsample
 from torch.utils.data import DataLoader, DistributedSampler
 
-from .._devices import cuda_devices
 from .._validation import (
     check_features,
     check_finite_tensor,
@@ -30,6 +29,7 @@ from .._validation import (
     check_same_rows,
     conversion_hint,
 )
+from ..infer.sites import prior_trace
 from ..model import check_network_output
 from ..nn.draws import kept_buffers
 
@@ -314,9 +314,7 @@ def check_likelihood_scale(
     if size == num_data:
         return
     expected = num_data / size
-    with torch.random.fork_rng(devices=cuda_devices(*batch)), torch.no_grad(), poutine.block():
-        trace = poutine.trace(model).get_trace(*batch)
-    for name, site in trace.nodes.items():
+    for name, site in prior_trace(model, *batch).nodes.items():
         if site["type"] != "sample" or not site["is_observed"] or site_is_subsample(site):
             continue
         scale = float(site["scale"])

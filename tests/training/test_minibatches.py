@@ -75,3 +75,20 @@ def test_a_distributed_sampler_is_told_the_epoch_so_it_reshuffles():
     assert sampler.epoch == 1
     assert seen[0] != seen[1]
     assert seen[1] == epoch_order(16, 1, seed=0, rank=1, world_size=2).float().tolist()
+
+
+def test_the_likelihood_scale_check_leaves_batchnorm_statistics_and_random_state_alone():
+    # The check traces the model once from the prior: a BatchNorm in training mode would
+    # otherwise take that pass's batch statistics into its running ones before the first step.
+    from pyro_bbb.training.minibatches import check_likelihood_scale
+
+    net = torch.nn.Sequential(torch.nn.Linear(3, 8), torch.nn.BatchNorm1d(8), torch.nn.Linear(8, 1))
+    model = bbb.BNN(bbb.bayesianize(net), bbb.likelihoods.Gaussian(), num_data=100)
+    x, y = torch.randn(10, 3) + 5.0, torch.randn(10)
+    norm = next(m for m in model.modules() if isinstance(m, torch.nn.BatchNorm1d))
+    before = {k: v.clone() for k, v in norm.state_dict().items()}
+    state = torch.get_rng_state()
+    check_likelihood_scale(model, (x, y), num_data=100)
+    assert torch.equal(torch.get_rng_state(), state)
+    for key, value in norm.state_dict().items():
+        assert torch.equal(value, before[key]), key
