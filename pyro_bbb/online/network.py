@@ -25,14 +25,13 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-import pyro
 import pyro.poutine as poutine
 import torch
 from pyro.poutine.util import site_is_subsample
 from torch.func import vjp, vmap
 
-from .._devices import cuda_devices
 from .._support import independent_base
+from ..infer.sites import prior_trace
 from ..model import BNN
 
 __all__ = [
@@ -101,7 +100,7 @@ def weight_layout(model: BNN, x: torch.Tensor) -> WeightLayout:
     """Read the network's Bayesian sites and their priors from one trace of the model.
 
     The model runs once on the first row of ``x``, drawing from the prior, without gradients
-    and under a forked random state (the caller's random streams are left as they were).
+    and with the caller's random streams and the network's buffers left as they were.
 
     Args:
         model: A :class:`~pyro_bbb.BNN`.
@@ -114,17 +113,7 @@ def weight_layout(model: BNN, x: torch.Tensor) -> WeightLayout:
         ValueError: If a site's prior is not a Gaussian with independent values (a scale
             mixture, a carried joint block), or the model has no latent site.
     """
-    with (
-        torch.random.fork_rng(devices=cuda_devices(model, x)),
-        torch.no_grad(),
-        poutine.block(),
-    ):
-        state = pyro.util.get_rng_state()
-        try:
-            trace = poutine.trace(model).get_trace(x[:1])
-        finally:
-            pyro.util.set_rng_state(state)
-    return layout_of_trace(trace, model.observation_site)
+    return layout_of_trace(prior_trace(model, x[:1]), model.observation_site)
 
 
 def layout_of_trace(trace: poutine.Trace, observation_site: str) -> WeightLayout:
