@@ -94,6 +94,12 @@ class Ensemble(PyroModule):
         k: int = 5,
         max_plate_nesting: int | None = None,
     ) -> None:
+        if isinstance(model, (list, tuple, SiteGuide)) or not callable(model):
+            raise TypeError(
+                "Ensemble's first argument is the model, and the members are made from it: "
+                "Ensemble(model, guide, k=K), guide a guide class or a function model -> "
+                f"guide (e.g. lambda m: LowRankGuide(m, rank=4)); got {_called(model)}"
+            )
         self.num_members = check_int("k", k)
         nesting = getattr(model, "max_plate_nesting", None)
         nesting = nesting if max_plate_nesting is None else max_plate_nesting
@@ -188,3 +194,11 @@ class Ensemble(PyroModule):
                 "the members are point masses (DeltaGuide): the mixture has no density"
             )
         return torch.logsumexp(total, -1) - math.log(self.num_members)
+
+
+def _called(value: object) -> str:
+    """What a wrong first argument is, in words: ``"a list of 2 LowRankGuide"``."""
+    if isinstance(value, (list, tuple)):
+        kinds = sorted({type(item).__name__ for item in value})
+        return f"a {type(value).__name__} of {len(value)} {', '.join(kinds) or 'items'}"
+    return f"a {type(value).__name__}"

@@ -228,6 +228,17 @@ def test_bad_members_are_refused():
         Ensemble(model, lambda m: used, k=2)
 
 
+def test_a_list_of_guides_in_place_of_the_model_is_refused_saying_how_to_build_one():
+    # the guess a user makes first; it used to fail on the list's missing max_plate_nesting
+    pyro.clear_param_store()
+    model, _, _ = regression()
+    guides = [bbb.LowRankGuide(model, rank=2, name=f"g{i}") for i in range(2)]
+    with pytest.raises(TypeError, match=r"Ensemble\(model, guide, k=K\).*a list of 2 LowRankGuide"):
+        Ensemble(guides)
+    with pytest.raises(TypeError, match="got a MeanFieldGuide"):
+        Ensemble(MeanFieldGuide(model))
+
+
 def test_ensembles_are_named_after_their_members_guide_in_the_param_store():
     pyro.clear_param_store()
     model, x, y = regression()
