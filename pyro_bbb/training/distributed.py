@@ -49,6 +49,8 @@ import pyro
 import torch
 import torch.distributed as dist
 
+from .._devices import checked_device
+
 if dist.is_available():  # before any group exists: see "Teardown" above
     import torch.distributed.nn.functional
 
@@ -90,7 +92,7 @@ class DataParallel:
         """
         if device is None:
             return None
-        device = torch.device(device)
+        device = checked_device("device", device)
         if self.active and device.type == "cuda":
             if device.index is None:
                 device = torch.device("cuda", self.local_rank)
