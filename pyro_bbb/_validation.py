@@ -20,6 +20,7 @@ __all__ = [
     "check_choice",
     "check_finite_tensor",
     "check_floating_tensor",
+    "check_guide",
     "check_int",
     "check_nonnegative_number",
     "check_number",
@@ -111,6 +112,26 @@ def check_choice(name: str, value: T, choices: Collection[T]) -> T:
         expected = " or ".join(names) if len(names) <= 2 else "one of " + ", ".join(names)
         raise ValueError(f"{name} must be {expected}, got {value!r}")
     return value
+
+
+def check_guide(name: str, guide: object) -> None:
+    """Refuse a ``guide`` that cannot be called, with the likely mix-up named.
+
+    An online updater (:class:`~pyro_bbb.RVGA`, :class:`~pyro_bbb.LoFi`) holds its belief
+    as ``.guide``; passed itself, Pyro would fail later with "... is not callable".
+
+    Raises:
+        TypeError: If ``guide`` is not callable.
+    """
+    if callable(guide):
+        return
+    inner = getattr(guide, "guide", None)
+    hint = (
+        f"; its posterior is its .guide (pass {name}=updater.guide)"
+        if callable(inner)
+        else " (a MeanFieldGuide, a LowRankGuide, an Ensemble or a Pyro autoguide)"
+    )
+    raise TypeError(f"{name} must be a guide, got a {type(guide).__name__}{hint}")
 
 
 def check_tensor(

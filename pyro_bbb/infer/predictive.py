@@ -35,6 +35,7 @@ from .._support import independent_base
 from .._validation import (
     check_choice,
     check_finite_tensor,
+    check_guide,
     check_int,
     check_open_unit_interval,
     check_tensor,
@@ -355,7 +356,10 @@ def predict(
             ``reparam``.
         NotImplementedError: For a likelihood other than a Normal, Categorical or
             Bernoulli one.
+        TypeError: If ``guide`` cannot be called (an online updater's posterior is its
+            ``.guide``).
     """
+    check_guide("guide", guide)
     if predictive is None:
         predictive = getattr(guide, "default_predictive", "sample")
     check_choice("predictive", predictive, PREDICTIVES)

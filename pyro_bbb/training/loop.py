@@ -25,6 +25,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from .._heap import kept_heap
+from .._validation import check_guide
 from ..infer.collapse import CollapseMonitor
 from ..infer.schedules import ScheduleLike
 from .arguments import check_options, rows_of
@@ -310,12 +311,14 @@ def fit(
             ``cuda_graph=True`` on a fit whose step cannot be captured (the message says
             why); ``lr=None`` with an optimiser class whose step the rate does not bound.
         FileNotFoundError: If ``resume`` names no file.
-        TypeError: If ``cuda_graph`` is not a bool or ``None``.
+        TypeError: If ``cuda_graph`` is not a bool or ``None``, or ``guide`` cannot be
+            called (an online updater's posterior is its ``.guide``).
         FloatingPointError: When the loss becomes NaN or inf, at the end of that epoch (the
             losses are read once an epoch), naming the epoch, the first step whose loss
             was not finite and the sites whose terms were not finite there.
     """
     # set-up: the options, the rows, the run's length, the objective, where the fit starts
+    check_guide("guide", guide)
     until = check_options(epochs, batch_size, num_particles, lr, max_steps, until, optimizer)
     held = resolve_validation(validation, model, x, epochs, until)  # read here alone
     parallel = data_parallel()  # a world of one unless torch.distributed is initialised

@@ -139,3 +139,19 @@ def test_predict_draws_from_the_full_covariance_without_refactorising_it():
     assert prediction.loc_samples.shape == (200, 20) and seconds < 1.0
     updater.update(x[10:], torch.sin(x[10:, 0]))
     assert updater.guide.distribution() is not fn
+
+
+def test_the_updater_in_place_of_its_guide_is_refused_saying_where_its_posterior_is():
+    # predict(model, rvga, x) is the natural slip; Pyro failed later with "... is not callable"
+    pyro.clear_param_store()
+    model = bbb.BNN(bbb.mlp([2, 4, 1]), bbb.likelihoods.Gaussian(scale=0.1), num_data=20)
+    x, y = torch.randn(20, 2), torch.randn(20)
+    filter_ = RVGA(model, linearised=True)
+    filter_.update(x, y)
+    with pytest.raises(TypeError, match=r"guide must be a guide, got a RVGA; .*\.guide"):
+        bbb.predict(model, filter_, x, num_samples=4, seed=0)
+    with pytest.raises(TypeError, match=r"guide must be a guide, got a RVGA"):
+        bbb.fit(model, filter_, x, y, epochs=1, progress=False)
+    with pytest.raises(TypeError, match=r"got a str \(a MeanFieldGuide"):
+        bbb.predict(model, "MeanFieldGuide", x)
+    assert bbb.predict(model, filter_.guide, x, num_samples=4, seed=0).mean.shape == (20,)
