@@ -24,7 +24,7 @@ from .._pyro_compat import conv_kinds
 from ..priors import Gaussian, PriorSpec, resolve_prior
 from .affine import AffineMap, ConvMap, LinearMap
 from .draws import PerDrawForward, broadcasts_draws
-from .layers import BayesianAffine, freeze_parameter
+from .layers import BayesianAffine, BayesianLayer, freeze_parameter
 from .module_layer import BayesianModule
 
 __all__ = ["bayesianize", "mlp"]
@@ -147,9 +147,15 @@ def bayesianize(
     net = module if inplace else copy.deepcopy(module)
     net = selection.convert(net, "")
     if selection.num_sites == 0:
+        already = any(isinstance(m, BayesianLayer) for m in module.modules())
         raise ValueError(
             "bayesianize found no parameter to make Bayesian "
             f"(only={only!r}, deterministic={list(selection.deterministic)!r})"
+            + (
+                "; the network's layers are Bayesian already (as mlp's are): use it as it is"
+                if already
+                else ""
+            )
         )
     _to_pyro_modules(net)
     if not broadcasts_draws(net):  # several weight draws go around its forward, not through

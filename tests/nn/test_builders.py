@@ -116,6 +116,13 @@ def test_bayesianize_rejects_a_network_left_without_random_parameters():
         bayesianize(TwoLayerNet(), deterministic=["*"])
 
 
+def test_bayesianize_of_a_network_bayesian_already_says_so():
+    with pytest.raises(ValueError, match=r"layers are Bayesian already \(as mlp's are\)"):
+        bayesianize(pyro_bbb.mlp([2, 3, 1]))
+    with pytest.raises(ValueError, match=r"deterministic=\['\*'\]\)$"):  # not said of a plain net
+        bayesianize(TwoLayerNet(), deterministic=["*"])
+
+
 def test_bayesianize_rejects_a_non_module():
     with pytest.raises(TypeError, match=r"module must be a torch.nn.Module"):
         bayesianize(lambda x: x)
