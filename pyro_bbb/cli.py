@@ -94,7 +94,9 @@ def _positive_int_or_auto(text: str) -> int | None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``pyro-bbb`` command; returns the exit status."""
-    parser = argparse.ArgumentParser(prog="pyro-bbb", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="pyro-bbb", description=__doc__.splitlines()[0].replace("``", "")
+    )
     commands = parser.add_subparsers(dest="command", required=True)
     run = commands.add_parser("demo", help="fit a BNN to 1-D gap data and plot its uncertainty")
     run.add_argument("--out", default="pyro_bbb_demo.png", help="figure path (PNG)")

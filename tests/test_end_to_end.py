@@ -171,6 +171,15 @@ def test_command_line_rejects_an_unknown_command():
     assert result.returncode == 2 and "invalid choice" in result.stderr
 
 
+def test_command_line_help_reads_as_plain_text():
+    result = subprocess.run(
+        [sys.executable, "-m", "pyro_bbb", "--help"], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0
+    assert "The pyro-bbb command (also python -m pyro_bbb)." in result.stdout
+    assert "``" not in result.stdout  # the docstring's reStructuredText marks stay in the docs
+
+
 def test_importing_the_package_does_not_import_matplotlib():
     code = "import sys, pyro_bbb; print('matplotlib' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
