@@ -49,8 +49,6 @@ import pyro
 import torch
 import torch.distributed as dist
 
-from .._devices import checked_device
-
 if dist.is_available():  # before any group exists: see "Teardown" above
     import torch.distributed.nn.functional
 
@@ -92,7 +90,7 @@ class DataParallel:
         """
         if device is None:
             return None
-        device = checked_device("device", device)
+        device = torch.device(device)
         if self.active and device.type == "cuda":
             if device.index is None:
                 device = torch.device("cuda", self.local_rank)

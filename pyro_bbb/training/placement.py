@@ -9,7 +9,8 @@ from __future__ import annotations
 import pyro
 import torch
 
-from .._devices import device_of
+from .._devices import checked_device, device_of
+from .._validation import check_guide
 from .distributed import DataParallel
 
 __all__ = ["place"]
@@ -28,8 +29,14 @@ def place(
     the seed is rank 0's (drawn there when ``None``), so that every process builds the same
     initialisation. Returns the device the data go to and the seed, set in Pyro, torch,
     Python and NumPy.
+
+    Raises:
+        TypeError: If ``guide`` cannot be called (:func:`~pyro_bbb._validation.check_guide`).
+        ValueError: If ``device`` is one this process cannot use
+            (:func:`~pyro_bbb._devices.checked_device`).
     """
-    device = parallel.device(device)
+    check_guide("guide", guide)
+    device = parallel.device(None if device is None else checked_device("device", device))
     if device is not None:
         _move(model, device)
         _move(guide, device)
