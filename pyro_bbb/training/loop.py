@@ -295,7 +295,8 @@ def fit(
     Raises:
         ValueError: On bad data (shapes, dtypes, NaN/inf, labels out of range, a data set
             whose size is not the model's ``num_data``), on a model that does not scale a
-            minibatch's log-likelihood by ``N / B``, or on bad options (``max_steps``,
+            minibatch's log-likelihood by ``N / B``, or on bad options (a ``device`` this
+            process cannot use, such as ``"cuda"`` where torch has no CUDA; ``max_steps``,
             ``until`` or ``validation`` with ``epochs``; an ``until`` that is neither
             ``"predictive"`` nor ``"converged"``; ``validation`` with
             ``until="converged"``, a fraction outside [0, 0.5], a fraction of a
