@@ -178,7 +178,8 @@ def compare(
         b: The second posterior.
         x_test: Test inputs ``(batch, *features)``.
         y_test: Test targets ``(batch[, dim])``.
-        names: Names for ``a`` and ``b`` (default: the guide's name, or ``"NUTS"``).
+        names: Names for ``a`` and ``b`` (default: the guide's name, or ``"NUTS"``; two
+            of the same name get ``" (a)"`` and ``" (b)"``).
         x_train: The whole training set's inputs, for k̂.
         y_train: Its targets.
         num_samples: Predictive draws of a guide; a NUTS result uses all its draws.
@@ -199,7 +200,11 @@ def compare(
             names.
     """
     (post_a, time_a), (post_b, time_b) = _unpack(a, "a"), _unpack(b, "b")
-    names = (_name(post_a), _name(post_b)) if names is None else tuple(names)
+    if names is None:
+        names = (_name(post_a), _name(post_b))
+        if names[0] == names[1]:  # two guides of one class: told apart as the arguments are
+            names = (f"{names[0]} (a)", f"{names[1]} (b)")
+    names = tuple(names)
     if len(names) != 2 or not all(isinstance(n, str) for n in names):
         raise ValueError(f"names must be two strings, got {names!r}")
     if (x_train is None) != (y_train is None):

@@ -50,6 +50,9 @@ def test_classification_result_compared_with_itself_agrees():
     assert report.columns["tv_mean"] == [0.0, 0.0]
     assert report.columns["top1_agreement"] == [1.0, 1.0]
     assert 0 <= report.columns["accuracy"][0] <= 1
+    # two guides of one class are told apart in the table (both read "MeanFieldGuide" before)
+    assert report.names == ("MeanFieldGuide (a)", "MeanFieldGuide (b)")
+    assert compare(model, guide, guide, x, y, names=["p", "q"], num_samples=5).names == ("p", "q")
 
 
 def test_exact_vi_and_nuts_agree_and_the_table_has_every_column(nuts_result):
