@@ -167,6 +167,26 @@ def test_plot_weight_sigma_draws_one_histogram_per_entry_and_the_prior_line(tmp_
     assert prior_line.get_xdata()[0] == 1.0
 
 
+def test_plot_weight_sigma_and_plot_reliability_take_a_guide_and_a_prediction_as_they_are():
+    # what a user passes first; they failed with "no attribute 'items'" and "Could not infer
+    # dtype of ClassificationPrediction"
+    import pyro_bbb as bbb
+
+    model = bbb.BNN(bbb.mlp([2, 8, 3]), bbb.likelihoods.Categorical(), num_data=6)
+    guide = bbb.MeanFieldGuide(model, init_scale=0.05)
+    x, y = torch.randn(6, 2), torch.tensor([0, 1, 2, 0, 1, 2])
+    guide(x, y)
+    labels = [p.get_label() for p in plot_weight_sigma(guide).axes[0].patches]
+    assert labels == [
+        f"{name} (median 0.05)" for name in ("0.weight", "0.bias", "2.weight", "2.bias")
+    ]
+    with pytest.raises(TypeError, match=r"e\.g\. guide\.posterior\(\), got list"):
+        plot_weight_sigma([0.1, 0.2])
+    prediction = bbb.predict(model, guide, x, num_samples=4, seed=0)
+    given = plot_reliability(prediction, y).axes[0].get_title()
+    assert given == plot_reliability(prediction.probs, y).axes[0].get_title()
+
+
 def test_plot_weight_sigma_counts_every_weight_in_its_histogram():
     values = np.array([0.01] * 5 + [0.1] * 3)
     figure = plot_weight_sigma({"w": values}, num_bins=4)

@@ -156,7 +156,8 @@ def plot_reliability(
 
     Args:
         probs: Predictive class probabilities, shape ``(batch, classes)``, or binary
-            :math:`p(y = 1)` with shape ``(batch,)``.
+            :math:`p(y = 1)` with shape ``(batch,)``; or a
+            :class:`~pyro_bbb.ClassificationPrediction`, whose ``probs`` are read.
         y: Integer labels, shape ``(batch,)``.
         num_bins: Number of equal-width confidence bins over ``[0, 1]``.
         title: Optional text placed before the ECE in the title.
@@ -168,6 +169,7 @@ def plot_reliability(
     Raises:
         ValueError: As :func:`pyro_bbb.metrics.reliability_curve`.
     """
+    probs = getattr(probs, "probs", probs)  # a prediction passed as it is
     probs_t = torch.as_tensor(probs)
     y_t = torch.as_tensor(y)
     curve = metrics.reliability_curve(probs_t, y_t, num_bins=num_bins)

@@ -136,7 +136,7 @@ def plot_weight_sigma(
         scales: ``{name: standard deviations}``, each a tensor or array of any shape, or a
             distribution whose ``variance`` gives them (so
             ``MeanFieldGuide.posterior()`` and ``LowRankGuide.posterior()`` can be passed as
-            they are).
+            they are), or the guide itself (its ``posterior()`` is read).
         prior_scale: The prior's standard deviation(s), drawn as vertical lines (e.g. 1.0 for
             ``Gaussian(1.0)``, or ``[sigma1, sigma2]`` for a scale mixture); none if omitted.
         num_bins: Number of logarithmic bins over the σ range.
@@ -149,7 +149,15 @@ def plot_weight_sigma(
     Raises:
         ValueError: If ``scales`` is empty, an entry holds a non-positive or non-finite σ,
             a prior scale is not positive, or ``num_bins`` is not a positive int.
+        TypeError: If ``scales`` is neither a mapping nor something with ``posterior()``.
     """
+    if not isinstance(scales, Mapping) and callable(getattr(scales, "posterior", None)):
+        scales = scales.posterior()  # a guide passed as it is: its posterior by site
+    if not isinstance(scales, Mapping):
+        raise TypeError(
+            "scales must be {name: standard deviations}, e.g. guide.posterior(), got "
+            f"{type(scales).__name__}"
+        )
     if not scales:
         raise ValueError("scales must hold at least one entry")
     check_int("num_bins", num_bins)
