@@ -12,7 +12,7 @@ from pyro.infer import SVI, Trace_ELBO
 from pyro.infer.autoguide import AutoDiagonalNormal, AutoLowRankMultivariateNormal, AutoNormal
 from torch import nn
 
-from pyro_bbb import BNN, MeanFieldGuide, bayesianize, fit, likelihoods, mlp
+from pyro_bbb import BNN, LowRankGuide, MeanFieldGuide, bayesianize, fit, likelihoods, mlp
 from pyro_bbb.infer import AnnealedELBO
 from pyro_bbb.nn import initial_values
 
@@ -354,6 +354,23 @@ def test_mean_field_guide_means_start_at_values_from_a_mapping():
     torch.testing.assert_close(median["0.weight"], initial_values(model)["0.weight"])
 
 
+def test_mean_field_guide_means_start_at_another_fitted_guides_means():
+    # a low-rank guide's, or an online filter's belief: fit goes on from where it stands
+    x, y = _toy_data(8)
+    model = _regression_model(8)
+    fitted = LowRankGuide(model, rank=2, name="fitted")
+    with pytest.raises(ValueError, match=r"has not been fitted or called"):
+        MeanFieldGuide(model, init_loc=fitted, name="early")(x, y)
+    fitted(x, y)
+    with torch.no_grad():
+        pyro.get_param_store()["fitted.locs.2"].fill_(0.75)  # layer 2: weight and bias
+    guide = MeanFieldGuide(model, init_loc=fitted)
+    guide(x, y)
+    for name, value in fitted.median().items():
+        torch.testing.assert_close(guide.median()[name], value)
+    assert guide.median()["2.bias"].item() == 0.75
+
+
 def test_mean_field_guide_rejects_init_loc_for_an_unknown_site():
     x, y = _toy_data(8)
     guide = MeanFieldGuide(_regression_model(8), init_loc={"fc9.weight": torch.zeros(1)})
@@ -383,7 +400,9 @@ def test_mean_field_guide_rejects_a_pretrained_module_of_another_architecture():
 def test_mean_field_guide_rejects_an_init_loc_of_another_type():
     x, y = _toy_data(8)
     guide = MeanFieldGuide(_regression_model(8), init_loc=[1.0, 2.0])
-    with pytest.raises(TypeError, match=r"init_loc must be None, a pretrained nn.Module"):
+    with pytest.raises(
+        TypeError, match=r"init_loc must be None, a fitted guide, a pretrained nn.Module"
+    ):
         guide(x, y)
 
 

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 
 import torch
 import torch.nn.functional as F
+from pyro.infer.autoguide import AutoGuide
 from pyro.poutine import Trace
 from torch import nn
 
@@ -36,7 +37,8 @@ __all__ = [
 ]
 
 InitLoc = nn.Module | Mapping[str, torch.Tensor] | None
-"""``None`` (the network's own initialisation), a pretrained module, or a mapping."""
+"""``None`` (the network's own initialisation), a fitted guide, a pretrained module, or a
+mapping."""
 
 
 def global_latent_sites(trace: Trace, guide_name: str, model: object = None) -> dict[str, dict]:
@@ -88,9 +90,11 @@ def initial_locs(
         model: The model (its Bayesian layers hold their initial values).
         sites: The latent sites, from :func:`global_latent_sites`.
         init_loc: ``None`` for the network's own initialisation (sites outside Bayesian
-            layers start at their prototype draw), a pretrained ``nn.Module`` whose
-            ``named_parameters()`` names match the site names, or a mapping from site names
-            to tensors (unnamed sites keep the default).
+            layers start at their prototype draw), a fitted guide of the same model (its
+            ``median()``: the means of a Gaussian one, such as an online filter's belief), a
+            pretrained ``nn.Module`` whose ``named_parameters()`` names match the site
+            names, or a mapping from site names to tensors (unnamed sites keep the
+            default).
 
     Returns:
         ``{site name: tensor}`` with each site's shape, device and dtype.
@@ -102,6 +106,14 @@ def initial_locs(
     defaults = initial_values(model) if isinstance(model, nn.Module) else {}
     if init_loc is None:
         source: Mapping[str, torch.Tensor] = defaults
+    elif isinstance(init_loc, AutoGuide):  # a fitted guide (an online filter's belief too)
+        if init_loc.prototype_trace is None:
+            raise SetupError(
+                f"init_loc is a {type(init_loc).__name__} that has not been fitted or called; "
+                "its means are made at its first call"
+            )
+        medians = {name: value.detach() for name, value in init_loc.median().items()}
+        source = {**defaults, **{name: v for name, v in medians.items() if name in sites}}
     elif isinstance(init_loc, nn.Module):
         named = {name: p.detach() for name, p in init_loc.named_parameters()}
         missing = [name for name in sites if name not in named and name in defaults]
@@ -118,7 +130,8 @@ def initial_locs(
         source = {**defaults, **init_loc}
     else:
         raise TypeError(
-            "init_loc must be None, a pretrained nn.Module or a {site: tensor} mapping, got "
+            "init_loc must be None, a fitted guide, a pretrained nn.Module or a {site: tensor} "
+            "mapping, got "
             f"{type(init_loc).__name__}"
         )
     locs = {}

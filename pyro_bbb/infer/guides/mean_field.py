@@ -47,8 +47,9 @@ class MeanFieldGuide(GaussianGuide, SiteWiseGuide):
             :class:`~pyro_bbb.infer.guides.moped.MOPED`, a scale per weight proportional to
             its initial mean's magnitude, for a guide that starts at a trained network.
         init_loc: Initial means: ``None`` for the network's own initialisation (pretrained
-            weights if it was built from a trained module), a pretrained ``nn.Module`` with
-            the same parameter names, or ``{site: tensor}``.
+            weights if it was built from a trained module), a fitted guide of the same model
+            (its means: an online filter's ``.guide``, to go on from a stream with ``fit``),
+            a pretrained ``nn.Module`` with the same parameter names, or ``{site: tensor}``.
         min_scale: :math:`\sigma_{\min}`, a floor that keeps log-densities finite.
         name: Prefix of the parameters in Pyro's global param store (default: the class
             name). As with every Pyro autoguide, two guides with the same name share their
