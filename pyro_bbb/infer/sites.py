@@ -7,8 +7,8 @@ ELBO and the estimators can each import them without importing one another. It a
 share (defined on the model side, which needs it too), and :func:`model_in_plates`, by which
 the ELBO, the predictive, the evaluation and saving run a model inside a guide's own plate (an
 ensemble's members; defined below every side, which all need it), and :func:`prior_trace`,
-the one trace of a model from its priors by which the evaluation and the collapse check find
-its latent sites.
+the one trace of a model from its priors by which the export, the collapse check, ``fit``'s
+likelihood-scale check, continual learning and the online filters read its sites.
 """
 
 from __future__ import annotations
