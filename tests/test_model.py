@@ -12,7 +12,16 @@ from pyro.infer import SVI, Trace_ELBO
 from pyro.infer.autoguide import AutoDiagonalNormal, AutoLowRankMultivariateNormal, AutoNormal
 from torch import nn
 
-from pyro_bbb import BNN, LowRankGuide, MeanFieldGuide, bayesianize, fit, likelihoods, mlp
+from pyro_bbb import (
+    BNN,
+    Ensemble,
+    LowRankGuide,
+    MeanFieldGuide,
+    bayesianize,
+    fit,
+    likelihoods,
+    mlp,
+)
 from pyro_bbb.infer import AnnealedELBO
 from pyro_bbb.nn import initial_values
 
@@ -369,6 +378,10 @@ def test_mean_field_guide_means_start_at_another_fitted_guides_means():
     for name, value in fitted.median().items():
         torch.testing.assert_close(guide.median()[name], value)
     assert guide.median()["2.bias"].item() == 0.75
+    ensemble = Ensemble(model, MeanFieldGuide, k=2)
+    ensemble(x, y)
+    with pytest.raises(ValueError, match=r"an ensemble of 2 members, .* pass one member's"):
+        MeanFieldGuide(model, init_loc=ensemble, name="from_ensemble")(x, y)
 
 
 def test_mean_field_guide_rejects_init_loc_for_an_unknown_site():

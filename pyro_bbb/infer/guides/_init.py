@@ -114,6 +114,11 @@ def initial_locs(
             )
         medians = {name: value.detach() for name, value in init_loc.median().items()}
         source = {**defaults, **{name: v for name, v in medians.items() if name in sites}}
+    elif getattr(init_loc, "num_members", None) is not None:
+        raise SetupError(
+            f"init_loc is an ensemble of {init_loc.num_members} members, each with means of "
+            "its own; pass one member's as a {site: tensor} mapping"
+        )
     elif isinstance(init_loc, nn.Module):
         named = {name: p.detach() for name, p in init_loc.named_parameters()}
         missing = [name for name in sites if name not in named and name in defaults]
