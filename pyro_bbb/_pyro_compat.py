@@ -43,6 +43,7 @@ __all__ = [
     "set_pyro_name",
     "site_name",
     "stretches_of",
+    "synced_parameter",
     "tensor_version",
     "unconstrained_parameter",
     "user_class",
@@ -225,6 +226,25 @@ def param_store_value(module: PyroModule, leaf: str) -> torch.Tensor | None:
         return None
     value = pyro.param(fullname)
     return value if value is module._parameters.get(f"{leaf}_unconstrained") else None
+
+
+def synced_parameter(module: PyroModule, leaf: str) -> torch.Tensor:
+    """``getattr(module, leaf)``, the param store's tensor where it holds another one.
+
+    ``PyroModule`` takes a tensor the store holds in place of its own (a store loaded or
+    set since, ``pyro.get_param_store().load(path)``) only inside a run of the module: read
+    outside one, as a guide's ``posterior()`` is, the module would give its stale tensor.
+    Where the store holds the name, the read runs inside the module's run context, which
+    re-synchronises them; where it does not (the store was cleared) it runs outside, so
+    that a read does not put the module's tensor back in the store for a later guide of
+    the same name to take.
+    """
+    name = module.__dict__.get("_pyro_name")
+    held = name is not None and join_name(name, leaf) in pyro.get_param_store()
+    if held and not module_local_params():
+        with run_context(module):
+            return getattr(module, leaf)
+    return getattr(module, leaf)
 
 
 def autonormal_latent(site: str) -> str:

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from pyro.nn import PyroModule, PyroParam
 from torch.distributions import constraints
 
+from ._pyro_compat import synced_parameter
 from ._validation import check_finite_tensor, check_positive_number
 
 __all__ = ["Bernoulli", "Categorical", "Gaussian", "Likelihood"]
@@ -156,6 +157,22 @@ class Gaussian(Likelihood):
             self.scale = PyroParam(torch.tensor(float(init_scale)), constraints.positive)
         elif not heteroscedastic:
             self.register_buffer("scale", torch.tensor(float(scale)))
+
+    def noise_scale(self) -> torch.Tensor:
+        """The noise standard deviation σ as it stands, a 0-d tensor (target units).
+
+        A learned scale is read as Pyro's param store holds it, also where the store was
+        loaded since the model last ran (``self.scale`` outside a run of the model gives
+        the module's own tensor until then). Attached to the parameter: detach to keep it.
+
+        Raises:
+            ValueError: For a heteroscedastic Gaussian, whose network predicts σ per row.
+        """
+        if self.heteroscedastic:
+            raise ValueError(
+                "a heteroscedastic Gaussian has no single noise scale: its net predicts one per row"
+            )
+        return synced_parameter(self, "scale") if self.learned else self.scale
 
     def _target_width(self, num_outputs: int) -> int:
         if self.heteroscedastic:

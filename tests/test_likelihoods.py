@@ -61,6 +61,21 @@ def test_gaussian_with_fixed_scale_holds_it_as_a_buffer_not_a_parameter():
     torch.testing.assert_close(d.scale, torch.full((4,), 0.3))
 
 
+def test_noise_scale_reads_the_param_store_as_loaded_and_the_fixed_scale_as_given(tmp_path):
+    likelihood = likelihoods.Gaussian(init_scale=0.7)
+    likelihood(torch.zeros(3, 1))  # run once: its parameter is in the store
+    pyro.get_param_store().save(tmp_path / "params.pt")
+    with torch.no_grad():
+        likelihood.scale.unconstrained().fill_(math.log(2.0))  # positive's bijection: exp
+    assert likelihood.noise_scale().item() == pytest.approx(2.0)
+    pyro.get_param_store().load(tmp_path / "params.pt")  # other tensors in the store
+    # outside a run, the module's own tensor is stale until the next run: noise_scale is not
+    assert likelihood.noise_scale().item() == pytest.approx(0.7)
+    assert likelihoods.Gaussian(scale=0.3).noise_scale().item() == pytest.approx(0.3)
+    with pytest.raises(ValueError, match="heteroscedastic"):
+        likelihoods.Gaussian(heteroscedastic=True).noise_scale()
+
+
 def test_gaussian_fixed_scale_follows_the_module_dtype():
     likelihood = likelihoods.Gaussian(scale=0.3).to(torch.float64)
     assert likelihood.scale.dtype == torch.float64

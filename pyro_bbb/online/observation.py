@@ -63,7 +63,7 @@ class Observation:
 
     def scale(self) -> torch.Tensor:
         """The Gaussian's current noise scale σ (a detached scalar tensor)."""
-        return self.likelihood.scale.detach()
+        return self.likelihood.noise_scale().detach()
 
     def cotangents(self, scale: torch.Tensor | None = None):
         r"""The per-row map ``(output (C,), target) -> [L | g]``, ``(C, C + 1)``.

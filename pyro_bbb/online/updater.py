@@ -539,7 +539,7 @@ def _start_form(start: Start) -> str:
 
 def _set_scale(likelihood, sigma: torch.Tensor) -> None:
     """Write a learned Gaussian scale (a positive Pyro parameter) in place."""
-    value = likelihood.scale
+    value = likelihood.noise_scale()
     with torch.no_grad():
         value.unconstrained().copy_(transform_to(constraints.positive).inv(sigma))
 

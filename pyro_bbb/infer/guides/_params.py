@@ -43,6 +43,7 @@ from ..._pyro_compat import (
     module_local_params,
     param_store_value,
     pyro_name,
+    synced_parameter,
     unconstrained_parameter,
 )
 
@@ -220,7 +221,7 @@ class ParamRef:
         """The parameter's current value, recorded as a ``pyro.param`` site."""
         value = param_store_value(self._owner, self._leaf)
         if value is None:  # out of sync, substituted by a handler, or module-local
-            value = getattr(self._owner, self._leaf)  # PyroModule's own path
+            value = synced_parameter(self._owner, self._leaf)  # PyroModule's own path
         return value
 
     def module_value(self) -> torch.Tensor:

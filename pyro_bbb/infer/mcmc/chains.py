@@ -120,7 +120,7 @@ def guide_start(model, guide, x, y, sites: list[FlatSite], num_chains: int, num_
     parts = []
     for site in sites:
         if site.prior is not None:  # a sampled noise scale
-            value = biject_to(site.prior.support).inv(model.likelihood.scale.detach())
+            value = biject_to(site.prior.support).inv(model.likelihood.noise_scale().detach())
             parts.append(value.reshape(1, 1).expand(plate.size, 1))
             continue
         if site.name not in trace.nodes:

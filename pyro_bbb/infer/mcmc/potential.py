@@ -215,7 +215,7 @@ def flat_layout(
             )
         return sites, None, None
     if noise is None:
-        value = float(model.likelihood.scale.detach())
+        value = float(model.likelihood.noise_scale().detach())
         raise ValueError(
             f"the model learns its Gaussian noise scale ({noise_name!r}, now {value:.4g}) as a "
             "point estimate, which NUTS cannot sample as it stands. Pass noise='fixed' to hold "
@@ -225,7 +225,7 @@ def flat_layout(
     if isinstance(noise, str):
         if noise != "fixed":
             raise ValueError(f"noise must be 'fixed', a distribution or None, got {noise!r}")
-        return sites, noise_name, model.likelihood.scale.detach().clone()
+        return sites, noise_name, model.likelihood.noise_scale().detach().clone()
     if not isinstance(noise, torch.distributions.Distribution) or noise.event_shape:
         raise TypeError(f"noise must be 'fixed' or a scalar distribution, got {noise!r}")
     if not positive_support(noise):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pyro
 import pytest
 import torch
 
@@ -176,3 +177,38 @@ def test_a_pyro_autoguide_built_after_a_fit_of_its_name_warns_when_it_is_fitted(
     guide = AutoNormal(model)  # continuing that fit with the same guide says nothing
     bbb.fit(model, guide, x, y, epochs=1, progress=False)
     assert _warned(lambda: bbb.fit(model, guide, x, y, epochs=1, progress=False)) == []
+
+
+@pytest.mark.parametrize("guide_cls", [bbb.MeanFieldGuide, bbb.LowRankGuide])
+def test_a_guide_read_outside_a_call_reads_the_param_store_it_was_loaded_from(guide_cls, tmp_path):
+    # Pyro's way back: pyro.get_param_store().load(path). PyroModule takes the store's
+    # tensors only inside a call of the guide, so posterior() and median() read before any
+    # call gave the guide's initial values
+    x, y = torch.randn(20, 3), torch.randn(20)
+    model = _model(4)
+    guide = guide_cls(model)
+    bbb.fit(model, guide, x, y, epochs=5, lr=0.05, progress=False)
+    fitted = {name: value.clone() for name, value in guide.median().items()}
+    sd = {name: site.stddev.clone() for name, site in guide.posterior().items()}
+    pyro.get_param_store().save(tmp_path / "params.pt")
+
+    pyro.clear_param_store()
+    model = _model(4)
+    fresh = guide_cls(model)
+    fresh(x, y)  # set up at its initial values
+    assert not torch.equal(fresh.median()["0.weight"], fitted["0.weight"])
+    pyro.get_param_store().load(tmp_path / "params.pt")
+    for name, value in fresh.median().items():
+        assert torch.equal(value, fitted[name]), name
+    for name, site in fresh.posterior().items():
+        assert torch.allclose(site.stddev, sd[name]), name
+
+
+def test_reading_a_guide_after_the_store_was_cleared_does_not_put_it_back():
+    # a later guide of the same name must not take the cleared guide's values
+    x = torch.randn(20, 3)
+    guide = bbb.MeanFieldGuide(_model(4))
+    guide(x)
+    pyro.clear_param_store()
+    guide.median(), guide.posterior()
+    assert "MeanFieldGuide.locs.0.weight" not in pyro.get_param_store()
