@@ -79,7 +79,8 @@ class Ensemble(PyroModule):
         max_plate_nesting: The model's plate depth; the member plate goes left of it.
 
     Raises:
-        TypeError: If ``guide(model)`` is not a (fresh) guide of this package.
+        TypeError: If ``guide`` is a guide already made rather than a class or function, or
+            ``guide(model)`` is not a (fresh) guide of this package.
         ValueError: On ``k < 1`` or a model without a declared plate depth.
     """
 
@@ -99,6 +100,14 @@ class Ensemble(PyroModule):
                 "Ensemble's first argument is the model, and the members are made from it: "
                 "Ensemble(model, guide, k=K), guide a guide class or a function model -> "
                 f"guide (e.g. lambda m: LowRankGuide(m, rank=4)); got {_called(model)}"
+            )
+        if isinstance(guide, SiteGuide):
+            raise TypeError(
+                "Ensemble's guide is the members' family, from which it makes the K members: "
+                f"a guide class or a function model -> guide, e.g. Ensemble(model, "
+                f"{type(guide).__name__}, k={k}) or Ensemble(model, lambda m: "
+                f"{type(guide).__name__}(m, ...), k={k}) for arguments of your own; got a "
+                f"{type(guide).__name__} already made"
             )
         self.num_members = check_int("k", k)
         nesting = getattr(model, "max_plate_nesting", None)

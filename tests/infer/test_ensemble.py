@@ -239,6 +239,15 @@ def test_a_list_of_guides_in_place_of_the_model_is_refused_saying_how_to_build_o
         Ensemble(MeanFieldGuide(model))
 
 
+def test_a_guide_already_made_in_place_of_the_family_is_refused_saying_what_to_pass():
+    # it used to be called with the model as its inputs: "x must be a torch.Tensor, got BNN"
+    pyro.clear_param_store()
+    model, _, _ = regression()
+    made = bbb.LowRankGuide(model, rank=2)
+    with pytest.raises(TypeError, match=r"Ensemble\(model, LowRankGuide, k=3\).*already made"):
+        Ensemble(model, made, k=3)
+
+
 def test_ensembles_are_named_after_their_members_guide_in_the_param_store():
     pyro.clear_param_store()
     model, x, y = regression()
