@@ -19,12 +19,14 @@ import pyro
 import torch
 from pyro.nn import PyroModule
 from pyro.nn.module import _is_module_local_param_enabled
+from pyro.poutine.runtime import _PYRO_STACK
 from torch import nn
 from torch.nn.modules.conv import _ConvNd, _ConvTransposeNd
 
 __all__ = [
     "PyroNameSharing",
     "SetupError",
+    "active_handlers",
     "autonormal_latent",
     "cached_value",
     "concatenated",
@@ -195,6 +197,15 @@ def module_local_params() -> bool:
     answer under a name that is not documented either.
     """
     return _is_module_local_param_enabled()
+
+
+def active_handlers() -> tuple[Any, ...]:
+    """The Pyro handlers (messengers) in effect here, innermost last.
+
+    Pyro's private ``_PYRO_STACK``; ``pyro.poutine.runtime.am_i_wrapped`` only says whether
+    it is empty.
+    """
+    return tuple(_PYRO_STACK)
 
 
 # ----------------------------------------------------------------------------- parameters

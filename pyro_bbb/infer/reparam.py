@@ -50,7 +50,7 @@ from pyro.poutine.messenger import Messenger
 from pyro.poutine.runtime import Message
 from pyro.poutine.util import site_is_subsample
 
-from .._pyro_compat import autonormal_latent, low_rank_parts
+from .._pyro_compat import active_handlers, autonormal_latent, low_rank_parts
 from .._shapes import broadcast_shape, collapse_broadcast, sample_dims
 from ..nn.affine import AffineMap
 from ..nn.draws import Draw, DrawPath, current_draw, draw_path
@@ -459,6 +459,26 @@ def estimator(name: str | None) -> Callable[[], AbstractContextManager]:
     if name not in _ESTIMATORS:
         raise ValueError(f"reparam must be None or one of {sorted(_ESTIMATORS)}, got {name!r}")
     return _ESTIMATORS[name]
+
+
+def check_no_outer_estimator(caller: str) -> None:
+    """Refuse a call made inside ``with local_reparameterization()`` or ``with flipout()``.
+
+    ``fit`` applies its estimator itself (``reparam=``) and sets the draws in place; an
+    outer one would meet values its own draws did not make.
+
+    Raises:
+        ValueError: Naming the context and the ``reparam=`` that does the same.
+    """
+    for handler in active_handlers():
+        if isinstance(handler, AffineEstimator):
+            name = getattr(handler, "name", type(handler).__name__)
+            keys = [k for k, make in _ESTIMATORS.items() if make.__name__ == name]
+            same = f" with reparam={keys[0]!r}" if keys else ""
+            raise ValueError(
+                f"{caller} was called inside `with {name}()`: it applies its gradient "
+                f"estimator itself; call it outside that block{same}"
+            )
 
 
 def estimators_by_layer(model: object, reparam: str | None) -> dict[str, str]:

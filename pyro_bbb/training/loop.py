@@ -26,6 +26,7 @@ from torch.utils.data import DataLoader
 
 from .._heap import kept_heap
 from ..infer.collapse import CollapseMonitor
+from ..infer.reparam import check_no_outer_estimator
 from ..infer.schedules import ScheduleLike
 from .arguments import check_options, rows_of
 from .callbacks import Callback
@@ -295,7 +296,9 @@ def fit(
     Raises:
         ValueError: On bad data (shapes, dtypes, NaN/inf, labels out of range, a data set
             whose size is not the model's ``num_data``), on a model that does not scale a
-            minibatch's log-likelihood by ``N / B``, or on bad options (a ``device`` this
+            minibatch's log-likelihood by ``N / B``, on a call inside ``with flipout()`` or
+            ``with local_reparameterization()`` (``reparam=`` is fit's way), or on bad
+            options (a ``device`` this
             process cannot use, such as ``"cuda"`` where torch has no CUDA; ``max_steps``,
             ``until`` or ``validation`` with ``epochs``; an ``until`` that is neither
             ``"predictive"`` nor ``"converged"``; ``validation`` with
@@ -318,6 +321,7 @@ def fit(
             was not finite and the sites whose terms were not finite there.
     """
     # set-up: the options, the rows, the run's length, the objective, where the fit starts
+    check_no_outer_estimator("fit")
     until = check_options(epochs, batch_size, num_particles, lr, max_steps, until, optimizer)
     held = resolve_validation(validation, model, x, epochs, until)  # read here alone
     parallel = data_parallel()  # a world of one unless torch.distributed is initialised

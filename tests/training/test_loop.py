@@ -597,3 +597,23 @@ def test_fit_reads_in_one_screen():
     lines = source.splitlines()[body[0].lineno - 1 : node.end_lineno]
     code = [line for line in lines if line.strip() and not line.strip().startswith("#")]
     assert len(code) <= 80
+
+
+@pytest.mark.parametrize(
+    ("context", "reparam"),
+    [("local_reparameterization", "local"), ("flipout", "flipout")],
+)
+def test_fit_inside_an_estimators_block_is_refused_naming_its_reparam(context, reparam):
+    # it failed in the first step: "the value of site '0.weight' reaching its layer is not
+    # the one its distribution drew"
+    import pyro_bbb
+
+    model, guide = _setup()
+    x, y = _data()
+    with (
+        getattr(pyro_bbb, context)(),
+        pytest.raises(ValueError, match=rf"with {context}\(\).*reparam='{reparam}'"),
+    ):
+        fit(model, guide, x, y, epochs=1, progress=False)
+    history = fit(model, guide, x, y, epochs=1, reparam=reparam, progress=False)
+    assert len(history) == 1
