@@ -61,7 +61,10 @@ def _affine_of(module: nn.Module) -> AffineMap | None:
 
 
 def _matches(name: str, patterns: Iterable[str]) -> bool:
-    return any(fnmatch.fnmatchcase(name, p) for p in patterns)
+    """Whether a parameter's name matches a pattern, or lies in the module a pattern names."""
+    return any(
+        fnmatch.fnmatchcase(name, p) or fnmatch.fnmatchcase(name, f"{p}.*") for p in patterns
+    )
 
 
 def _patterns(name: str, value: str | Sequence[str] | None) -> tuple[str, ...] | None:
@@ -113,10 +116,11 @@ def bayesianize(
         prior: One prior for every site, or a mapping from ``fnmatch`` patterns over site
             names to priors (``{"*.bias": Gaussian(10.0), "*": ScaleMixture(...)}``); first
             match wins. Defaults to ``Gaussian(1.0)``.
-        only: Patterns of the site names to make Bayesian (e.g. ``"fc2.*"``); ``None`` (the
-            default) for every parameter. Each pattern must match a parameter.
-        deterministic: Patterns of site names to keep deterministic (e.g. ``["*.bias"]``),
-            applied after ``only``.
+        only: Patterns of the site names to make Bayesian (e.g. ``"fc2.*"``), or modules by
+            name (``"fc2"``: every parameter in it); ``None`` (the default) for every
+            parameter. Each pattern must match a parameter.
+        deterministic: Patterns of site names, or modules by name, to keep deterministic
+            (e.g. ``["*.bias"]``), applied after ``only``.
         centre_priors: Centre every prior on the parameter's current value (a trained
             network's weights) instead of on the prior's own mean: the empirical-Bayes prior
             of MOPED (Krishnan et al. 2020, "Specifying weight priors in Bayesian deep neural

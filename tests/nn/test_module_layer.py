@@ -160,6 +160,23 @@ def test_only_makes_the_named_layers_bayesian_and_keeps_the_rest_as_they_were():
     assert isinstance(net[2], BayesianAffine) and not isinstance(net[0], BayesianAffine)
 
 
+def test_only_and_deterministic_take_a_module_by_its_name():
+    # "make the last layer Bayesian": only="2" used to match no parameter
+    trained = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2))
+    assert list(sample_sites(bayesianize(trained, only="2"), torch.randn(5, 3))) == [
+        "2.weight",
+        "2.bias",
+    ]
+    kept = bayesianize(trained, deterministic="0")
+    assert list(sample_sites(kept, torch.randn(5, 3))) == ["2.weight", "2.bias"]
+    # a name is a whole component: "2" is not "20"
+    wide = nn.Sequential(*[nn.Linear(3, 3) for _ in range(21)])
+    assert list(sample_sites(bayesianize(wide, only="2"), torch.randn(5, 3))) == [
+        "2.weight",
+        "2.bias",
+    ]
+
+
 def test_only_refuses_a_pattern_that_matches_no_parameter():
     with pytest.raises(ValueError, match=r"only: pattern\(s\) \['head\.\*'\] match no parameter"):
         bayesianize(nn.Sequential(nn.Linear(3, 2)), only="head.*")
