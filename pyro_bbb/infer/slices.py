@@ -235,13 +235,19 @@ class Concatenation:
 
     A slice's batch shape ends with its rows (the data plate's dim, before the event dims).
     ``Normal``, ``Categorical`` and ``Bernoulli`` (from logits), possibly ``Independent``,
-    are what the package's likelihoods give.
+    are what the package's likelihoods give. With ``along="draws"`` the parts are passes of
+    weight draws over every row instead, put together along their first batch dim (the
+    draws').
 
     Args:
-        num_rows: The rows of every slice together.
+        num_rows: The rows of every slice together (the draws of every pass, along draws).
+        along: ``"rows"`` or ``"draws"``.
     """
 
-    def __init__(self, num_rows: int) -> None:
+    def __init__(self, num_rows: int, *, along: str = "rows") -> None:
+        if along not in ("rows", "draws"):
+            raise ValueError(f"along must be 'rows' or 'draws', got {along!r}")
+        self.along = along
         self.num_rows = num_rows
         self._first: dist.TorchDistribution | None = None
         self._full: dict[str, torch.Tensor] = {}
@@ -255,7 +261,7 @@ class Concatenation:
                 rows than all.
         """
         base, event = _base_and_event(part)
-        dim = len(base.batch_shape) - 1 - event
+        dim = 0 if self.along == "draws" else len(base.batch_shape) - 1 - event
         rows = base.batch_shape[dim]
         if self._first is None:
             self._first = part

@@ -572,3 +572,44 @@ def test_predicts_memory_does_not_grow_with_the_number_of_images():
         added.append(float(result.stdout.split()[-1]))
     assert added[1] < added[0] + 50, added  # MB
     assert max(added) < 1000, added
+
+
+def test_draws_larger_than_the_budget_are_taken_in_passes_from_one_stream(trained, monkeypatch):
+    # 100 draws of a ResNet-18's weights hold 4.5 GB: over DRAW_BYTES, predict draws them in
+    # passes, each over every row; the first pass is the draws a smaller prediction takes
+    from pyro_bbb.infer import predictive as module
+
+    model, guide, x = trained
+    per_draw = 4 * sum(value.numel() for value in guide.median().values())  # float32
+    monkeypatch.setattr(module, "DRAW_BYTES", 4 * per_draw)
+    assert module.draw_passes(guide, 10) == [4, 4, 2]
+    assert module.draw_passes(guide, 4) == [4]
+    passes = predict(model, guide, x, num_samples=10, seed=5, batch_size=7)
+    first = predict(model, guide, x, num_samples=4, seed=5)
+    assert passes.loc_samples.shape == passes.samples.shape == (10, 20)
+    torch.testing.assert_close(passes.loc_samples[:4], first.loc_samples, rtol=0, atol=0)
+    assert not torch.equal(passes.loc_samples[4:8], passes.loc_samples[:4])  # new draws
+    # the same predictive as one pass, to Monte Carlo error
+    monkeypatch.setattr(module, "DRAW_BYTES", 2**30)
+    many = 4000
+    one = predict(model, guide, x, num_samples=many, seed=0)
+    monkeypatch.setattr(module, "DRAW_BYTES", 700 * per_draw)
+    several = predict(model, guide, x, num_samples=many, seed=1)
+    error = one.loc_samples.std(0) / math.sqrt(many)
+    assert ((several.mean - one.mean).abs() < 5 * math.sqrt(2) * error).all()
+
+
+def test_an_ensembles_draws_in_passes_keep_each_members_share(monkeypatch):
+    from pyro_bbb.infer import predictive as module
+
+    x, y = _data()
+    model = BNN(mlp([1, 8, 1]), likelihoods.Gaussian(scale=0.1), num_data=len(x))
+    ensemble = Ensemble(model, MeanFieldGuide, k=3)
+    ensemble(x, y)
+    per_draw = 4 * sum(value.numel() for value in ensemble.members.median().values()) // 3
+    monkeypatch.setattr(module, "DRAW_BYTES", 3 * 2 * per_draw)  # two draws of 3 members
+    assert module.draw_passes(ensemble, 5) == [2, 2, 1]
+    passes = predict(model, ensemble, x, num_samples=5, seed=2)
+    first = predict(model, ensemble, x, num_samples=2, seed=2)
+    assert passes.loc_samples.shape == (15, 20)
+    torch.testing.assert_close(passes.loc_samples[:6], first.loc_samples, rtol=0, atol=0)
