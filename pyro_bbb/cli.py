@@ -109,8 +109,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     run.add_argument(
         "--max-steps", type=_positive_int, default=None, help="the default length's budget"
     )
-    run.add_argument("--seed", type=int, default=0)
-    run.add_argument("--reparam", choices=["local", "flipout"], default=None)
+    run.add_argument("--seed", type=int, default=0, help="seed of the data, the fit and its draws")
+    run.add_argument(
+        "--reparam",
+        choices=["local", "flipout"],
+        default=None,
+        help="gradient estimator of the affine layers (plain weight sampling)",
+    )
     run.add_argument(
         "--nuts",
         action="store_true",
@@ -132,7 +137,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     uci.add_argument("path", metavar="PATH", help="data set folder, or a folder of them")
     uci.add_argument("--splits", type=_positive_int, default=None, help="first K splits (all)")
     uci.add_argument("--datasets", nargs="+", help="data set folder names to run (all)")
-    uci.add_argument("--guide", choices=["meanfield", "lowrank"], default="meanfield")
+    uci.add_argument(
+        "--guide", choices=["meanfield", "lowrank"], default="meanfield", help="the BNN's guide"
+    )
     uci.add_argument("--rank", type=_positive_int, default=2, help="low-rank guide's rank")
     uci.add_argument(
         "--reparam",
@@ -149,8 +156,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             "improving the predictive"
         ),
     )
-    uci.add_argument("--batch-size", type=_positive_int, default=None)
-    uci.add_argument("--lr", type=float, default=None, help="Adam learning rate")
+    uci.add_argument(
+        "--batch-size", type=_positive_int, default=None, help="minibatch rows (the full batch)"
+    )
+    uci.add_argument(
+        "--lr", type=float, default=None, help="Adam learning rate (fit's own, a rate per layer)"
+    )
     uci.add_argument(
         "--hold",
         type=float,
@@ -161,6 +172,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--methods",
         nargs="+",
         choices=["bnn", "bnn_ensemble", "deterministic", "deep_ensemble", "mc_dropout"],
+        help="the methods to run (all)",
     )
     uci.add_argument("--members", type=_positive_int, default=None, help="ensemble size (5)")
     uci.add_argument(
@@ -170,7 +182,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="the BNN's weight samples per step (1); auto: fit's default for the network",
     )
     uci.add_argument("--jobs", type=_positive_int, default=1, help="worker processes")
-    uci.add_argument("--seed", type=int, default=0)
+    uci.add_argument("--seed", type=int, default=0, help="seed of every fit")
     uci.add_argument("--out", default="uci_results", help="folder for uci.md, uci.json and uci.png")
     uci.add_argument(
         "--progress",
