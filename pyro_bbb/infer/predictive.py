@@ -390,8 +390,9 @@ def predict(
     members = getattr(guide, "num_members", 1)
     module = model if isinstance(model, torch.nn.Module) else None
     model, nesting = model_in_plates(model, guide)
-    plate = pyro.plate("predictive_samples", num_samples, dim=-((nesting or 1) + 1))
+    dim = -((nesting or 1) + 1)  # the draws' plate, left of the model's (and the members')
     if predictive == "linearised":
+        plate = pyro.plate("predictive_samples", num_samples, dim=dim)
         with seeded_draws(guide, seed, x), estimator(reparam)():
             guide_trace = poutine.trace(plate(guide)).get_trace(x)
             replay = ModelReplay(model, guide_trace, plate, observed, module)
@@ -401,10 +402,8 @@ def predict(
             with kept_heap(len(chunks) > 1 and x.device.type == "cpu"):
                 return _linearised(module, guide, guide_trace, chunks, num_samples)
     passes = draw_passes(guide, num_samples)
-    dim = plate.dim
     with seeded_draws(guide, seed, x), estimator(reparam)():
         together = Concatenation(num_samples, along="draws") if len(passes) > 1 else None
-        fn = None
         for draws in passes:  # one pass of every draw, unless they would not fit DRAW_BYTES
             plate = pyro.plate("predictive_samples", draws, dim=dim)
             guide_trace = poutine.trace(plate(guide)).get_trace(x)
@@ -420,7 +419,7 @@ def predict(
                 fn = rows.result()
             if together is not None:
                 together.add(fn)
-            del guide_trace, replay, rows
+            del guide_trace, replay, rows  # this pass's draws, before the next pass's
         if together is not None:
             fn = together.result()
         # drawn once from every row's distribution, as Pyro draws a site: fn() (rsample if it can)
