@@ -55,6 +55,12 @@ def psis_khat(
     expectations under ``q`` can be far from the posterior's. A guide that is too narrow
     gives a large :math:`\hat k`; one that is too wide does not.
 
+    Each draw's log joint reads every training row: ``S`` passes of the network over the
+    whole training set. On the 784-400-400-10 Fashion-MNIST BNN (60,000 rows) the default
+    1,000 draws took 12 minutes on one core, in 0.3 GB (the draws and the rows are both
+    taken in slices); a mean-field guide of a network that size gives a :math:`\hat k` far
+    above 0.7 (66 there), as expected in 478,410 dimensions.
+
     Args:
         model: The model, e.g. a :class:`~pyro_bbb.BNN`.
         guide: A trained guide (any Pyro guide whose sites reach the model by name).
