@@ -29,7 +29,7 @@ from .._validation import check_int
 from ..infer import DeltaGuide, Ensemble, MeanFieldGuide
 from ..infer.mcmc import NUTSResult, replay_nuts
 from ..infer.sites import model_in_plates, prior_trace
-from ..infer.slices import SLICE_BYTES, ModelReplay, Undrawn
+from ..infer.slices import SLICE_BYTES, ModelReplay, Undrawn, draws_per_slice
 from .selection import site_dims
 
 __all__ = ["VI_CHAINS", "Draws", "model_sites", "posterior_draws"]
@@ -153,9 +153,7 @@ def _draws_per_slice(
     sites: Mapping[str, tuple[torch.Size, torch.dtype]], members: int, total: int
 ) -> int:
     one = sum(shape.numel() * dtype.itemsize for shape, dtype in sites.values()) * members
-    if one == 0:
-        return total
-    return int(max(1, min(total, _DRAW_SHARE * SLICE_BYTES // (_DRAW_FACTOR * one))))
+    return draws_per_slice(_DRAW_FACTOR * one, total, _DRAW_SHARE * SLICE_BYTES)
 
 
 @torch.no_grad()

@@ -45,7 +45,7 @@ from .guides._base import seeded_draws
 from .linearised import check_gaussian_draws, linearised_outputs
 from .reparam import estimator
 from .sites import model_in_plates
-from .slices import Concatenation, ModelReplay, expanded_parameter
+from .slices import Concatenation, ModelReplay, draws_per_slice, expanded_parameter
 
 __all__ = [
     "DRAW_BYTES",
@@ -448,9 +448,7 @@ def draw_passes(guide: Callable[..., Any], num_samples: int) -> list[int]:
                 value = site["value"]
                 per_draw += value.numel() * value.element_size()
     per_draw *= getattr(guide, "num_members", 1)
-    if per_draw * num_samples <= DRAW_BYTES:
-        return [num_samples]
-    size = max(1, DRAW_BYTES // per_draw)
+    size = draws_per_slice(per_draw, num_samples, DRAW_BYTES)
     return [min(size, num_samples - start) for start in range(0, num_samples, size)]
 
 

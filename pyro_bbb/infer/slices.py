@@ -10,6 +10,9 @@ therefore go through their inputs in slices of rows:
   (each tensor once, for every draw; :func:`activation_bytes`), the way ``torchinfo`` sizes a
   forward pass; a network that runs once per draw in a loop counts one draw's, which is all
   it holds at a time.
+* :func:`draws_per_slice`: how many weight draws a slice of draws takes, where the draws of
+  every weight would not fit in one (a large network at many draws): each slice of draws is
+  then replayed on every slice of rows, and the parts are put together along the draws;
 * :class:`ModelReplay`: the model replayed on the guide's draws for a slice of rows, with its
   observation site left undrawn (:class:`Undrawn`): the targets are drawn afterwards, once,
   from the whole input's distribution put together by :func:`concatenate`, so that the
@@ -45,6 +48,7 @@ __all__ = [
     "Undrawn",
     "activation_bytes",
     "concatenate",
+    "draws_per_slice",
     "expanded_parameter",
     "rows_per_slice",
 ]
@@ -223,6 +227,23 @@ def rows_per_slice(
     if per_row <= 0:
         return x.shape[0]
     return int(max(1, min(x.shape[0], budget // per_row)))
+
+
+def draws_per_slice(per_draw: float, total: int, budget: float) -> int:
+    """How many of ``total`` weight draws a slice takes for them to hold about ``budget`` bytes.
+
+    Args:
+        per_draw: What one draw holds, in bytes (its weights, and whatever a caller keeps
+            beside them).
+        total: The draws asked for.
+        budget: Bytes a slice of draws may hold.
+
+    Returns:
+        Between 1 and ``total``; ``total`` when a draw holds nothing.
+    """
+    if per_draw <= 0:
+        return total
+    return int(max(1, min(total, budget // per_draw)))
 
 
 class Concatenation:
