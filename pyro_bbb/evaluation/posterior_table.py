@@ -28,6 +28,7 @@ import torch
 from .._validation import check_choice
 from ..infer import Ensemble, LowRankGuide, MeanFieldGuide, weight_kl
 from ..infer.collapse import KL_THRESHOLD
+from ..online import LowRankPrecisionGuide
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -46,13 +47,13 @@ def _quantile_label(level: float) -> str:
 def _gaussian_family(guide: object) -> object:
     """The guide whose marginals are read: the members of an ensemble, else the guide."""
     family = guide.members if isinstance(guide, Ensemble) else guide
-    if not isinstance(family, (MeanFieldGuide, LowRankGuide)):
+    if not isinstance(family, (MeanFieldGuide, LowRankGuide, LowRankPrecisionGuide)):
         raise TypeError(
             "posterior_summary reads a Gaussian guide's marginals in closed form: a "
-            "MeanFieldGuide, a LowRankGuide or an Ensemble of either; got "
-            f"{type(family).__name__}. A point estimate (DeltaGuide) has no spread to "
-            "summarise; for any other guide (Pyro's autoguides, an online filter's guide, a "
-            "flow) export draws of a few sites and summarise those: "
+            "MeanFieldGuide, a LowRankGuide, an Ensemble of either, or an online filter's "
+            f"LowRankPrecisionGuide; got {type(family).__name__}. A point estimate "
+            "(DeltaGuide) has no spread to summarise; for any other guide (Pyro's "
+            "autoguides, a flow) export draws of a few sites and summarise those: "
             "to_inference_data(model, guide, x, y, var_names=[...], log_likelihood=False, "
             "posterior_predictive=False), then az.summary"
         )
@@ -81,8 +82,9 @@ def posterior_summary(
       weight with a ratio well below 1 is indistinguishable from 0 under its posterior;
     * ``kl``: :math:`\sum_i \mathrm{KL}(q(w_i) \| p(w_i))` over the row's weights (nats), in
       closed form against a Gaussian prior, by 16 draws a weight against another (a scale
-      mixture); for a mean-field guide the row's KL itself, for a low-rank one the sum of
-      its marginals' KLs, below the block's KL by the draws' total correlation;
+      mixture); for a mean-field guide the row's KL itself, for a low-rank one (and an
+      online filter's belief) the sum of its marginals' KLs, below the block's KL by the
+      draws' total correlation;
     * ``at_prior``: the share of weights whose marginal KL to the prior is below
       :data:`~pyro_bbb.infer.collapse.KL_THRESHOLD` nats, the collapse check's definition
       of a weight at its prior (:class:`~pyro_bbb.PosteriorCollapseWarning`).
@@ -94,8 +96,10 @@ def posterior_summary(
         model: The model, e.g. a :class:`~pyro_bbb.BNN`; it runs once on ``x`` for its
             priors (the random state and its buffers are restored).
         guide: A :class:`~pyro_bbb.MeanFieldGuide` or :class:`~pyro_bbb.LowRankGuide` (its
-            marginals), or an :class:`~pyro_bbb.infer.Ensemble` of either (a row per member
-            and site, indexed ``(member, site)``), set up (called or fitted once).
+            marginals), an :class:`~pyro_bbb.infer.Ensemble` of either (a row per member
+            and site, indexed ``(member, site)``), or an online filter's belief
+            (:class:`~pyro_bbb.LowRankPrecisionGuide`, ``updater.guide``), set up (called
+            or fitted once).
         x: A few rows of inputs the model takes, ``(rows, *features)``.
         y: Their targets, for a model that needs them.
         by: ``"site"``, ``"layer"`` (a layer's weight and bias together) or ``"network"``.
@@ -106,7 +110,7 @@ def posterior_summary(
 
     Raises:
         TypeError: For a guide whose marginals are not Gaussian in closed form (a point
-            estimate, Pyro's autoguides, an online filter's guide, a flow): the message
+            estimate, Pyro's autoguides, a flow): the message
             names the way to summarise its draws instead.
         ValueError: On an unknown ``by`` or a level outside ``(0, 1)``.
     """

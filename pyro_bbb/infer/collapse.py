@@ -86,6 +86,8 @@ def _marginals(guide) -> dict[str, tuple[torch.Tensor, torch.Tensor]] | None:
         return guide._marginals()  # not cloned: read once per epoch by the monitor
     if isinstance(guide, AutoNormal) and guide.prototype_trace is not None:
         return {name: guide._get_loc_and_scale(name) for name in guide._event_dims}
+    if getattr(guide, "is_set_up", False) and callable(getattr(guide, "marginals", None)):
+        return guide.marginals()  # an online filter's belief (its marginals in closed form)
     return None
 
 
@@ -155,7 +157,7 @@ def weight_kl(
         model: The model; it is traced once on one row for its priors (every random state is
             restored afterwards).
         guide: A set-up :class:`~pyro_bbb.MeanFieldGuide`, :class:`~pyro_bbb.LowRankGuide`
-            (its marginals) or ``AutoNormal``.
+            or :class:`~pyro_bbb.LowRankPrecisionGuide` (its marginals), or ``AutoNormal``.
         x: Inputs the model accepts, ``(batch, *features)``, e.g. a minibatch.
         y: Targets, for a model that needs them.
 

@@ -78,6 +78,22 @@ def test_a_low_rank_guide_is_read_by_its_marginals():
     assert table.loc["0.bias", "sigma_50%"] == pytest.approx(float(sigma[6:].median()), rel=1e-5)
 
 
+def test_an_online_filters_belief_is_read_by_its_marginals_and_their_kl():
+    # it was refused: "for any other guide (... an online filter's guide ...) export draws"
+    model, x = _model()
+    lofi = bbb.LoFi(model, rank=2)
+    lofi.update(x, torch.randn(10))
+    table = bbb.posterior_summary(model, lofi.guide, x, quantiles=[0.5])
+    marginals = lofi.guide.marginals()
+    loc, scale = marginals["0.weight"]
+    assert table.loc["0.weight", "weights"] == 6
+    assert table.loc["0.weight", "sigma_mean"] == pytest.approx(float(scale.mean()), rel=1e-5)
+    # each weight's KL to the model's N(0, 1) prior, summed over the site
+    prior = torch.distributions.Normal(0.0, 1.0)
+    kl = torch.distributions.kl_divergence(torch.distributions.Normal(loc, scale), prior)
+    assert table.loc["0.weight", "kl"] == pytest.approx(float(kl.sum()), rel=1e-4)
+
+
 def test_an_ensemble_has_a_row_per_member_and_site():
     model, x = _model()
     ensemble = bbb.Ensemble(model, bbb.MeanFieldGuide, k=3)
