@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from .._validation import check_int, check_positive_number
+from ..infer.reparam import check_no_outer_estimator
 from .optimizers import OptimizerSpec
 from .rates import check_rate_choice
 from .run_length import check_automatic
@@ -29,11 +30,14 @@ def check_options(
     """Check ``fit``'s counts, rate and run length; return the automatic run's rule.
 
     ``lr=None`` with an optimiser class whose step the rate does not bound (``SGD``) is
-    refused (:func:`~.rates.check_rate_choice`).
+    refused (:func:`~.rates.check_rate_choice`), and so is a call inside an estimator's
+    block, ``with flipout()``, whose work ``reparam=`` does
+    (:func:`~pyro_bbb.infer.reparam.check_no_outer_estimator`).
 
     Returns:
         ``until``, ``None`` read as ``"predictive"`` (:func:`~.run_length.check_automatic`).
     """
+    check_no_outer_estimator("fit")
     check_int("epochs", epochs, optional=True)
     check_int("batch_size", batch_size, optional=True)
     check_int("num_particles", num_particles, optional=True)

@@ -26,7 +26,6 @@ from torch.utils.data import DataLoader
 
 from .._heap import kept_heap
 from ..infer.collapse import CollapseMonitor
-from ..infer.reparam import check_no_outer_estimator
 from ..infer.schedules import ScheduleLike
 from .arguments import check_options, rows_of
 from .callbacks import Callback
@@ -321,7 +320,6 @@ def fit(
             was not finite and the sites whose terms were not finite there.
     """
     # set-up: the options, the rows, the run's length, the objective, where the fit starts
-    check_no_outer_estimator("fit")
     until = check_options(epochs, batch_size, num_particles, lr, max_steps, until, optimizer)
     held = resolve_validation(validation, model, x, epochs, until)  # read here alone
     parallel = data_parallel()  # a world of one unless torch.distributed is initialised
