@@ -28,6 +28,7 @@ import pyro
 import pyro.distributions as dist
 import pyro.poutine as poutine
 import torch
+from pyro.poutine.util import site_is_subsample
 
 from .. import metrics
 from .._heap import kept_heap
@@ -444,7 +445,7 @@ def draw_passes(guide: Callable[..., Any], num_samples: int) -> list[int]:
     per_draw = 0
     if trace is not None:
         for site in trace.nodes.values():
-            if site["type"] == "sample" and not site["is_observed"]:
+            if site["type"] == "sample" and not site["is_observed"] and not site_is_subsample(site):
                 value = site["value"]
                 per_draw += value.numel() * value.element_size()
     per_draw *= getattr(guide, "num_members", 1)
