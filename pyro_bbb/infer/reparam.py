@@ -60,6 +60,7 @@ from .sites import BLOCK_KEY
 __all__ = [
     "AffineEstimator",
     "Split",
+    "check_no_outer_estimator",
     "estimator",
     "estimator_names",
     "estimators_by_layer",
