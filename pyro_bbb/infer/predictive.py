@@ -20,6 +20,7 @@ aleatoric, plus mutual information between label and weights, epistemic).
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
@@ -42,6 +43,7 @@ from .._validation import (
     check_tensor,
 )
 from ..model import BNN
+from ..nn.training_mode import batch_norm_in_training_mode
 from .guides._base import seeded_draws
 from .linearised import check_gaussian_draws, linearised_outputs
 from .reparam import estimator
@@ -53,6 +55,7 @@ __all__ = [
     "ClassificationPrediction",
     "Prediction",
     "RegressionPrediction",
+    "TrainingModeWarning",
     "draw_passes",
     "predict",
 ]
@@ -294,6 +297,11 @@ class ClassificationPrediction(Prediction):
 
 PREDICTIVES = ("sample", "linearised")
 
+
+class TrainingModeWarning(UserWarning):
+    """:func:`predict` on a network whose batch normalisation is in training mode."""
+
+
 #: The memory the guide's draws of one pass of :func:`predict` may take, in bytes (256 MiB):
 #: more draws than fit are taken in passes (:func:`draw_passes`).
 DRAW_BYTES = 256 * 2**20
@@ -366,6 +374,10 @@ def predict(
     Returns:
         A :class:`RegressionPrediction` or :class:`ClassificationPrediction`.
 
+    Warns:
+        TrainingModeWarning: When a batch normalisation of the network is in training mode
+            (call ``model.eval()`` first, as in plain PyTorch).
+
     Raises:
         ValueError: On bad options, or inputs with NaN/inf or that the model refuses; for
             ``"linearised"``, on a guide whose draws are not Gaussian, an ensemble, or a
@@ -390,6 +402,18 @@ def predict(
     observed = getattr(model, "observation_site", "obs")
     members = getattr(guide, "num_members", 1)
     module = model if isinstance(model, torch.nn.Module) else None
+    normalised = (
+        None if module is None else batch_norm_in_training_mode(getattr(module, "net", module))
+    )
+    if normalised is not None:
+        warnings.warn(
+            f"predict: the network's {normalised} is in training mode, so each slice of rows "
+            "is normalised by its own statistics (the prediction depends on the rows and on "
+            "batch_size) and updates the running ones; call model.eval() before predicting "
+            "(and model.train() before fitting again)",
+            TrainingModeWarning,
+            stacklevel=3,
+        )
     model, nesting = model_in_plates(model, guide)
     dim = -((nesting or 1) + 1)  # the draws' plate, left of the model's (and the members')
     if predictive == "linearised":

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from torch import nn
 
-__all__ = ["module_class_name", "module_in_training_mode"]
+__all__ = ["batch_norm_in_training_mode", "module_class_name", "module_in_training_mode"]
 
 #: Modules whose forward depends on training mode: random (dropout) or on the batch.
 _TRAINING_MODE = (
@@ -38,5 +38,18 @@ def module_in_training_mode(model: nn.Module) -> str | None:
     """
     for name, module in model.named_modules():
         if module.training and isinstance(module, _TRAINING_MODE):
+            return f"{name!r} ({module_class_name(module)})"
+    return None
+
+
+def batch_norm_in_training_mode(model: nn.Module) -> str | None:
+    """The first batch normalisation in training mode, as ``'name' (Class)``, or ``None``.
+
+    In training mode it normalises a batch by the batch's own statistics and updates its
+    running ones in place: what a prediction gives then depends on the rows it is computed
+    with, and the prediction changes the network.
+    """
+    for name, module in model.named_modules():
+        if module.training and isinstance(module, nn.modules.batchnorm._BatchNorm):
             return f"{name!r} ({module_class_name(module)})"
     return None

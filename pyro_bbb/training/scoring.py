@@ -35,6 +35,7 @@ otherwise start from the fallen iterate (early stopping's best weights, as Keras
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from typing import Any
@@ -43,7 +44,7 @@ import torch
 
 from .._random_state import seeded
 from ..infer.elbo import AnnealedELBO
-from ..infer.predictive import predict
+from ..infer.predictive import TrainingModeWarning, predict
 from ..infer.reparam import estimator
 from ..nn.draws import kept_buffers
 from .history import History
@@ -245,7 +246,9 @@ class HeldOutScore:
 
     def __call__(self, model: Callable[..., Any], guide: Callable[..., Any]) -> float:
         """The score of ``model`` and ``guide`` as they are now; ``-inf`` if not finite."""
-        with _apart(model, self.seed, self.x, guide):
+        with _apart(model, self.seed, self.x, guide), warnings.catch_warnings():
+            # the score runs in the network's own mode and leaves its statistics as they were
+            warnings.simplefilter("ignore", TrainingModeWarning)
             prediction = predict(model, guide, self.x, num_samples=SCORE_SAMPLES, batch_size=_CHUNK)
             value = prediction.log_likelihood(self.y)
         return value if math.isfinite(value) else -math.inf

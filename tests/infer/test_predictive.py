@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import warnings
 
 import numpy as np
 import pyro
@@ -613,3 +614,32 @@ def test_an_ensembles_draws_in_passes_keep_each_members_share(monkeypatch):
     first = predict(model, ensemble, x, num_samples=2, seed=2)
     assert passes.loc_samples.shape == (15, 20)
     torch.testing.assert_close(passes.loc_samples[:6], first.loc_samples, rtol=0, atol=0)
+
+
+def test_predicting_with_batch_norm_in_training_mode_warns_and_eval_does_not():
+    # in training mode each slice is normalised by its own statistics, so the prediction
+    # depends on batch_size, and the running statistics move
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(
+        torch.nn.Linear(2, 8), torch.nn.BatchNorm1d(8), torch.nn.ReLU(), torch.nn.Linear(8, 1)
+    )
+    from pyro_bbb import bayesianize
+    from pyro_bbb.infer.predictive import TrainingModeWarning
+
+    model = BNN(bayesianize(net), likelihoods.Gaussian(scale=0.1), num_data=40)
+    guide = MeanFieldGuide(model)
+    x = torch.randn(40, 2)
+    guide(x, torch.randn(40))
+    with pytest.warns(
+        TrainingModeWarning, match=r"BatchNorm1d\) is in training mode.*model\.eval\(\)"
+    ):
+        whole = predict(model, guide, x, num_samples=3, seed=0)
+    with pytest.warns(TrainingModeWarning, match="training mode"):
+        sliced = predict(model, guide, x, num_samples=3, seed=0, batch_size=7)
+    assert not torch.allclose(whole.mean, sliced.mean)  # what the warning says
+    model.eval()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        whole = predict(model, guide, x, num_samples=3, seed=0)
+        sliced = predict(model, guide, x, num_samples=3, seed=0, batch_size=7)
+    torch.testing.assert_close(whole.mean, sliced.mean)

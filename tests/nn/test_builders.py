@@ -229,6 +229,7 @@ def test_initial_values_skip_deterministic_parameters():
     assert set(initial_values(net)) == {"fc1.weight", "fc2.weight"}
 
 
+@pytest.mark.filterwarnings("ignore::pyro_bbb.infer.predictive.TrainingModeWarning")
 def test_a_conv_net_with_batchnorm_pooling_and_flatten_keeps_its_layers_and_trains():
     import pickle
 

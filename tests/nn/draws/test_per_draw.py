@@ -106,6 +106,7 @@ def fitted(request):
     )
 
 
+@pytest.mark.filterwarnings("ignore::pyro_bbb.infer.predictive.TrainingModeWarning")
 def test_fit_predict_and_an_ensemble_run_on_networks_written_for_batches(fitted):
     model, guide, x, y = fitted.model, fitted.guide, fitted.x, fitted.y
     assert all(torch.isfinite(torch.tensor(fitted.history.loss)))
@@ -119,6 +120,7 @@ def test_fit_predict_and_an_ensemble_run_on_networks_written_for_batches(fitted)
     assert pred.samples.shape[:2] == (6, 8)
 
 
+@pytest.mark.filterwarnings("ignore::pyro_bbb.infer.predictive.TrainingModeWarning")
 def test_each_predictive_draw_is_the_plain_network_called_with_that_draw(fitted):
     model, guide, x = fitted.model, fitted.guide, fitted.x[:8]
     pred = bbb.predict(model, guide, x, num_samples=S, seed=3)
@@ -230,6 +232,7 @@ def test_a_network_called_directly_in_a_pyro_model_runs_per_draw_and_pickles():
     torch.testing.assert_close(poutine.condition(net, data=draws)(x), loop)
 
 
+@pytest.mark.filterwarnings("ignore::pyro_bbb.infer.predictive.TrainingModeWarning")
 def test_set_up_and_checks_never_run_a_network_on_one_row():
     # BatchNorm after pooling to 1x1 raises on a single row in training mode
     plain = nn.Sequential(
@@ -399,6 +402,7 @@ class OutputsModel(PyroModule):
 PATHS = {"vmap": DrawPath.VMAP, "loop": DrawPath.LOOP, "broadcast": DrawPath.BROADCAST}
 
 
+@pytest.mark.filterwarnings("ignore::pyro_bbb.infer.predictive.TrainingModeWarning")
 @pytest.mark.filterwarnings("ignore:each step's weight draws run through the network one after")
 @pytest.mark.parametrize("path", list(PATHS))
 def test_outputs_with_none_and_other_leaves_run_on_every_path(path):
