@@ -30,6 +30,7 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Callable, Iterable
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,11 +41,12 @@ from torch.distributions import Normal, kl_divergence
 
 from .._random_state import kept_random_state
 from .._support import independent_base
+from ..nn.draws import kept_buffers
 from ..nn.layers import BayesianLayer
 from ..priors.gaussian_block import SiteConditional
 from ..priors.precision_block import PrecisionSiteConditional
 from .guides._base import SiteGuide
-from .predictive import RegressionPrediction, predict
+from .predictive import RegressionPrediction, TrainingModeWarning, predict
 from .sites import is_real_valued, prior_trace
 
 __all__ = [
@@ -382,7 +384,8 @@ def diagnose_collapse(
         x: Training inputs ``(n, *features)``; a few thousand rows are plenty.
         y: Their targets.
         num_samples: Weight samples for the predictive.
-        seed: Seed of the predictive's draws (every random state is restored afterwards).
+        seed: Seed of the predictive's draws (every random state, and the network's
+            buffers, such as a BatchNorm's running statistics, are restored afterwards).
 
     Returns:
         A :class:`CollapseDiagnosis`, or ``None`` when the guide's marginals are unknown, the
@@ -393,7 +396,10 @@ def diagnose_collapse(
     if not kls or x.shape[0] < 2:
         return None
     fraction = _fraction(kls.values())
-    with kept_random_state(x):
+    buffers = kept_buffers(model) if isinstance(model, torch.nn.Module) else nullcontext()
+    # a diagnosis leaves the network as it was, a BatchNorm's statistics too, in either mode
+    with kept_random_state(x), buffers, warnings.catch_warnings():
+        warnings.simplefilter("ignore", TrainingModeWarning)
         try:
             pred = predict(model, guide, x, num_samples=num_samples, seed=seed)
         except NotImplementedError:

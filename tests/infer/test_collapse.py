@@ -234,6 +234,25 @@ def test_the_diagnosis_leaves_every_random_state_as_it_was():
     assert torch.equal(after[0], expected[0]) and after[1:] == expected[1:]
 
 
+def test_the_diagnosis_leaves_a_batch_norms_statistics_and_warns_of_nothing():
+    # fit runs it at its end, in the network's own mode: it moved the running statistics and
+    # gave predict's warning of a BatchNorm in training mode from inside fit
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(
+        torch.nn.Linear(2, 8), torch.nn.BatchNorm1d(8), torch.nn.ReLU(), torch.nn.Linear(8, 1)
+    )
+    model = bbb.BNN(bbb.bayesianize(net), bbb.likelihoods.Gaussian(scale=0.1), num_data=40)
+    guide = bbb.MeanFieldGuide(model)
+    x, y = torch.randn(40, 2), torch.randn(40)
+    guide(x, y)
+    before = {name: b.clone() for name, b in model.named_buffers()}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert diagnose_collapse(model, guide, x, y) is not None
+    for name, buffer in model.named_buffers():
+        assert torch.equal(buffer, before[name]), name
+
+
 def test_fit_monitors_a_model_whose_targets_are_not_optional():
     class NeedsTargets(pyro.nn.PyroModule):
         def __init__(self):
