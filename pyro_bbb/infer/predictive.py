@@ -416,17 +416,8 @@ def predict(
         )
     model, nesting = model_in_plates(model, guide)
     dim = -((nesting or 1) + 1)  # the draws' plate, left of the model's (and the members')
-    if predictive == "linearised":
-        plate = pyro.plate("predictive_samples", num_samples, dim=dim)
-        with seeded_draws(guide, seed, x), estimator(reparam)():
-            guide_trace = poutine.trace(plate(guide)).get_trace(x)
-            replay = ModelReplay(model, guide_trace, plate, observed, module)
-            if batch_size is None:  # a tangent beside each activation
-                batch_size = replay.rows_per_slice(x, factor=2)
-            chunks = torch.split(x, batch_size)
-            with kept_heap(len(chunks) > 1 and x.device.type == "cpu"):
-                return _linearised(module, guide, guide_trace, chunks, num_samples)
-    passes = draw_passes(guide, num_samples)
+    linearised = predictive == "linearised"  # linearised at one mean: its draws in one pass
+    passes = [num_samples] if linearised else draw_passes(guide, num_samples)
     with seeded_draws(guide, seed, x), estimator(reparam)():
         together = Concatenation(num_samples, along="draws") if len(passes) > 1 else None
         for draws in passes:  # one pass of every draw, unless they would not fit DRAW_BYTES
@@ -434,10 +425,13 @@ def predict(
             guide_trace = poutine.trace(plate(guide)).get_trace(x)
             replay = ModelReplay(model, guide_trace, plate, observed, module)
             if batch_size is None:
-                batch_size = replay.rows_per_slice(x)
+                # the linearised pass carries a tangent beside each activation
+                batch_size = replay.rows_per_slice(x, factor=2 if linearised else 1)
             chunks = torch.split(x, batch_size)
             # asked to, chunks on the CPU reuse the memory the last one freed (pyro_bbb._heap)
             with kept_heap(len(chunks) > 1 and x.device.type == "cpu"):
+                if linearised:
+                    return _linearised(module, guide, guide_trace, chunks, num_samples)
                 rows = Concatenation(x.shape[0])
                 for chunk in chunks:
                     rows.add(replay.observation(chunk))
