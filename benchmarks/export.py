@@ -2,10 +2,11 @@
 
 The 784-400-400-10 Fashion-MNIST BNN (478,410 weights, MeanFieldGuide) fitted for
 ``--epochs`` epochs at batch 128, then, each in a fresh process (so that its peak memory is
-its own): one layer exported to ArviZ at 4 x 125 draws (posterior only, and with the data
-groups on 1,000 test images); the network's summary by site; the whole network's export at
-the defaults on the 10,000 test images (refused above 1 GB before anything is drawn; with
-``--whole`` also built, ``max_bytes=None``) and on 1,000 (under the limit: built);
+its own): one layer exported to ArviZ at 4 x 125 draws (posterior only, in memory and into
+a file with ``path=``, and with the data groups on 1,000 test images); the network's summary
+by site; the whole network's export at the defaults on the 10,000 test images (refused above
+1 GB before anything is drawn; into a file with ``path=``; with ``--whole`` also built in
+memory, ``max_bytes=None``) and on 1,000 (under the limit: built);
 ``az.summary`` of a few units and of the output layer; and ``predict`` at 50 draws with a
 LeNet-5 BNN (``bayesianize`` of the LeNet-5 of ``benchmarks/images.py``) on 500 to 10,000
 test images.
@@ -17,6 +18,7 @@ above what the process held just before the call (``/proc/self/status`` VmHWM, r
     python benchmarks/export.py                    # about 2 CPU minutes
     python benchmarks/export.py --epochs 0         # the guide at its initial parameters
     python benchmarks/export.py --whole            # and the whole export: 3 CPU minutes
+    python benchmarks/export.py --cases layer,layer_file   # only these
 """
 
 from __future__ import annotations
@@ -114,6 +116,12 @@ def child(case: str, args) -> dict:
         data, stats = measured(lambda: bbb.to_inference_data(
             model, guide, x, y, var_names=LAYER, seed=0, **off))  # fmt: skip
         return stats | {"note": f"var_names={LAYER!r}: {_shape(data)}, posterior only"}
+    if case == "layer_file":
+        path = Path(args.state).with_name("layer.nc")
+        data, stats = measured(lambda: bbb.to_inference_data(
+            model, guide, x, y, var_names=LAYER, seed=0, path=path, **off))  # fmt: skip
+        size = path.stat().st_size / 1e6
+        return stats | {"note": f"var_names={LAYER!r}, path=: {_shape(data)}, a {size:.0f} MB file"}
     if case == "small_layer":
         data, stats = measured(lambda: bbb.to_inference_data(
             model, guide, x, y, var_names=SMALL_LAYER, seed=0, **off))  # fmt: skip
@@ -143,6 +151,13 @@ def child(case: str, args) -> dict:
     if case == "whole":
         data, stats = measured(lambda: bbb.to_inference_data(model, guide, x, y, max_bytes=None))
         return stats | {"note": f"max_bytes=None, 10,000 rows: {_shape(data)}, data groups"}
+    if case == "whole_file":
+        path = Path(args.state).with_name("whole.nc")
+        data, stats = measured(lambda: bbb.to_inference_data(model, guide, x, y, path=path))
+        size = path.stat().st_size / 1e6
+        return stats | {
+            "note": f"defaults, path=, 10,000 rows: {_shape(data)}, a {size:.0f} MB file"
+        }
     if case == "az_summary_units":
         data = bbb.to_inference_data(model, guide, x, y, var_names=LAYER,
                                      coords={f"{LAYER}.out": [0, 1]}, seed=0, **off)  # fmt: skip
@@ -172,16 +187,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--epochs", type=int, default=3, help="epochs of the fit (0: none)")
     parser.add_argument("--whole", action="store_true", help="also build the whole export")
     parser.add_argument("--images", default="500,1000,2000,10000", help="predict's images")
+    parser.add_argument("--cases", help="only these cases (comma-separated)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--state", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
         print(json.dumps(child(args.child, args)))
         return
-    cases = ["small_layer", "layer", "small_layer_data", "summary", "whole_default", "whole_1000"]
-    cases += ["whole"] * args.whole
+    cases = ["small_layer", "layer", "layer_file", "small_layer_data", "summary"]
+    cases += ["whole_default", "whole_1000", "whole_file"] + ["whole"] * args.whole
     cases += ["az_summary_units", "az_summary_stats", "az_summary_layer"]
     cases += [f"predict_{n}" for n in args.images.split(",") if n]
+    if args.cases:
+        cases = [case for case in cases if case in args.cases.split(",")]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
     with tempfile.TemporaryDirectory() as folder:
         state = Path(folder) / "mlp.pt"

@@ -15,9 +15,9 @@ The ArviZ export (:mod:`~pyro_bbb.evaluation.inference_data`) and PSIS
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import pyro
 import pyro.poutine as poutine
@@ -32,7 +32,7 @@ from ..infer.sites import model_in_plates, prior_trace
 from ..infer.slices import SLICE_BYTES, ModelReplay, Undrawn, draws_per_slice
 from .selection import site_dims
 
-__all__ = ["VI_CHAINS", "Draws", "model_sites", "posterior_draws"]
+__all__ = ["VI_CHAINS", "DrawLayout", "DrawSink", "Draws", "model_sites", "posterior_draws"]
 
 #: Name of the plate over draws (placed left of the model's plates).
 _DRAWS_PLATE = "_draws"
@@ -108,26 +108,19 @@ def model_sites(
     }
 
 
-class _Gathered:
-    """Slices of draws copied, as they come, into one tensor of every draw."""
+class DrawSink(Protocol):
+    """Where the slices of one kept quantity go, as :func:`posterior_draws` makes them."""
 
-    def __init__(self, total: int) -> None:
-        self.total = total
-        self.tensor: torch.Tensor | None = None
-        self._filled = 0
-
-    def add(self, part: torch.Tensor) -> None:
-        if self.tensor is None:
-            self.tensor = part.new_empty(self.total, *part.shape[1:])
-        self.tensor[self._filled : self._filled + part.shape[0]] = part
-        self._filled += part.shape[0]
+    def add(self, start: int, part: torch.Tensor) -> None:
+        """Take plate draws ``start`` to ``start + n - 1``: a slice, laid out as drawn."""
 
 
-class _Layout:
-    """How a plate of draws is laid out.
+class DrawLayout:
+    """How a plate of draws maps onto ``C`` chains of ``S`` draws.
 
     A guide's ``C·S`` draws are chain-major, an ensemble's ``S`` draws of each of its ``C``
-    members draw-major, a NUTS result's are its chains'.
+    members draw-major (a slice holds every member: ``(n, C, ...)``), a NUTS result's are its
+    chains' (chain-major).
     """
 
     def __init__(self, chains: int, draws: int, ensemble: bool) -> None:
@@ -142,11 +135,42 @@ class _Layout:
         rest = t.shape[t.dim() - event :] if isinstance(event, int) else tuple(event)
         return t.reshape(n, self.chains, *rest) if self.ensemble else t.reshape(n, *rest)
 
-    def final(self, t: torch.Tensor) -> torch.Tensor:
-        """Every draw, as gathered, as ``(C, S, ...)``."""
+    def shape_of(self, part: torch.Tensor) -> tuple[int, ...]:
+        """The shape of every draw of what ``part`` is a slice of: ``(C, S, *rest)``."""
+        rest = part.shape[2:] if self.ensemble else part.shape[1:]
+        return (self.chains, self.draws, *rest)
+
+    def pieces(
+        self, start: int, part: torch.Tensor
+    ) -> Iterator[tuple[int | slice, slice, torch.Tensor]]:
+        """``(chain, draws, values)``: where a slice from plate draw ``start`` goes in ``(C, S)``.
+
+        A chain-major slice that crosses a chain's end comes in one piece per chain.
+        """
+        n = part.shape[0]
         if self.ensemble:
-            return t.transpose(0, 1)
-        return t.reshape(self.chains, self.draws, *t.shape[1:])
+            yield slice(None), slice(start, start + n), part.transpose(0, 1)
+            return
+        done = 0
+        while done < n:
+            chain, draw = divmod(start + done, self.draws)
+            m = min(self.draws - draw, n - done)
+            yield chain, slice(draw, draw + m), part[done : done + m]
+            done += m
+
+
+class _InMemory:
+    """Slices of draws copied, as they come, into one ``(C, S, ...)`` tensor."""
+
+    def __init__(self, layout: DrawLayout) -> None:
+        self.layout = layout
+        self.tensor: torch.Tensor | None = None
+
+    def add(self, start: int, part: torch.Tensor) -> None:
+        if self.tensor is None:
+            self.tensor = part.new_empty(self.layout.shape_of(part))
+        for chain, draws, values in self.layout.pieces(start, part):
+            self.tensor[chain, draws] = values
 
 
 def _draws_per_slice(
@@ -170,6 +194,7 @@ def posterior_draws(
     log_likelihood: bool = True,
     predictive: bool = False,
     batch_size: int | None = None,
+    sink: Callable[[str, DrawLayout], DrawSink | None] | None = None,
 ) -> Draws:
     """Draw weights from a guide (or take a NUTS result's) and replay them through the model.
 
@@ -203,11 +228,18 @@ def posterior_draws(
             per draw is kept regardless).
         predictive: Whether to draw the targets under each draw.
         batch_size: Rows per pass of the model (``None``: sized by their activations).
+        sink: Where what is kept goes instead of memory: called once for each kept
+            quantity (a site's name, ``"log_likelihood"``, ``"predictive"``, ``"log_prior"``,
+            ``"log_q"``, ``"total_log_likelihood"``) with the plate's layout, it returns a
+            :class:`DrawSink` that takes every slice of that quantity as it is made, or
+            ``None`` to keep it in memory. The ArviZ export writes its large arrays into a
+            file this way, so that what it holds is a slice.
 
     Returns:
         :class:`Draws`: ``num_chains`` chains of ``num_samples`` draws for a guide, one chain
         per member for an :class:`~pyro_bbb.infer.Ensemble`, the result's chains for NUTS.
-        What was not computed is ``None``.
+        What was not computed, or went to ``sink``, is ``None`` (a site sent to ``sink`` is
+        not in ``values``).
 
     Raises:
         ValueError: If ``num_samples``, ``num_chains`` or ``batch_size`` is not a positive
@@ -220,7 +252,7 @@ def posterior_draws(
     ensemble = isinstance(posterior, Ensemble)
     nuts = isinstance(posterior, NUTSResult)
     if nuts:
-        layout = _Layout(posterior.num_chains, posterior.num_samples, False)
+        layout = DrawLayout(posterior.num_chains, posterior.num_samples, False)
         _check_chains(num_chains, layout.chains, "the NUTS result's chains")
     else:
         draws = check_int("num_samples", num_samples)
@@ -228,7 +260,7 @@ def posterior_draws(
             chains = _check_chains(num_chains, posterior.num_members, "the ensemble's members")
         else:
             chains = VI_CHAINS if num_chains is None else num_chains
-        layout = _Layout(chains, draws, ensemble)
+        layout = DrawLayout(chains, draws, ensemble)
     latent = model_sites(model, x, posterior)
     sites = list(latent) if sites is None else list(sites)
     unknown = [name for name in sites if name not in latent]
@@ -236,12 +268,21 @@ def posterior_draws(
         raise ValueError(f"sites {unknown} are not the model's; its sites are {list(latent)}")
     coords = dict(coords or {})
     replayed = predictive or y is not None
-    values: dict[str, torch.Tensor] = {}
+    targets: dict[str, DrawSink] = {}
+
+    def into(key: str) -> DrawSink:
+        if key not in targets:
+            external = None if sink is None else sink(key, layout)
+            targets[key] = _InMemory(layout) if external is None else external
+        return targets[key]
+
     if nuts:  # the draws are there
         for name in sites:
-            values[name] = _selected(posterior.samples[name], name, latent, coords, 2)
+            into(name).add(
+                0, _selected(posterior.samples[name], name, latent, coords, 2).flatten(0, 1)
+            )
         if not replayed:
-            return Draws(values)
+            return _collected(targets, sites)
         replayed_model, guide = replay_nuts(model, posterior)
         step, undrawn = layout.plate_size, set()
     else:
@@ -260,7 +301,6 @@ def posterior_draws(
     # The model checks y against its likelihood, but refuses more rows than num_data (a
     # minibatch of the training set); a larger test set is run without y, checked here.
     y_model = None if num_data is not None and x.shape[0] > num_data else y
-    gathered: dict[str, _Gathered] = {}
     rows = batch_size
     for start in range(0, layout.plate_size, step):
         n = min(step, layout.plate_size - start)
@@ -280,11 +320,15 @@ def posterior_draws(
             if not log_likelihood:  # its per-row values are not kept: no slice's is gathered
                 parts.pop("log_likelihood", None)
         for key, part in parts.items():
-            gathered.setdefault(key, _Gathered(layout.plate_size)).add(part)
-    out = {key: layout.final(g.tensor) for key, g in gathered.items()}
-    values.update({name: out[name] for name in sites if name in out})
+            into(key).add(start, part)
+    return _collected(targets, sites)
+
+
+def _collected(targets: Mapping[str, DrawSink], sites: Sequence[str]) -> Draws:
+    """The :class:`Draws` of what was kept in memory (``None`` for what went elsewhere)."""
+    out = {key: t.tensor for key, t in targets.items() if isinstance(t, _InMemory)}
     return Draws(
-        values,
+        {name: out[name] for name in sites if name in out},
         log_prior=out.get("log_prior"),
         log_q=out.get("log_q"),
         log_likelihood=out.get("log_likelihood"),
@@ -317,26 +361,26 @@ def _selected(
     return value
 
 
-def _per_draw(log_prob: torch.Tensor, n: int, layout: _Layout) -> torch.Tensor:
+def _per_draw(log_prob: torch.Tensor, n: int, layout: DrawLayout) -> torch.Tensor:
     """A log-density over a slice's draws (and the model's plates) summed to ``(n[, C])``."""
     flat = log_prob.reshape(n * (layout.chains if layout.ensemble else 1), -1).sum(-1)
     return layout.lead(flat, n, 0)
 
 
-def _log_q(posterior, guide_trace: poutine.Trace, layout: _Layout, n: int) -> torch.Tensor:
+def _log_q(posterior, guide_trace: poutine.Trace, layout: DrawLayout, n: int) -> torch.Tensor:
     r""":math:`\log q(w)` of each draw of the slice, ``(n[, C])``."""
     if layout.ensemble:
         return layout.lead(posterior.mixture_log_prob(guide_trace), n, 0)
     return _log_density(guide_trace, n, layout)
 
 
-def _log_prior(trace: poutine.Trace, observed: str, n: int, layout: _Layout) -> torch.Tensor:
+def _log_prior(trace: poutine.Trace, observed: str, n: int, layout: DrawLayout) -> torch.Tensor:
     r""":math:`\log p(w)` of each draw of the slice from the model's trace, ``(n[, C])``."""
     return _log_density(trace, n, layout, skip=observed)
 
 
 def _log_density(
-    trace: poutine.Trace, n: int, layout: _Layout, skip: str | None = None
+    trace: poutine.Trace, n: int, layout: DrawLayout, skip: str | None = None
 ) -> torch.Tensor:
     """The latent sites' log-density of each draw (subsample sites and ``skip`` aside)."""
     total = None
@@ -364,7 +408,7 @@ def _replayed(
     y: torch.Tensor | None,
     rows: int,
     num_data: int | None,
-    layout: _Layout,
+    layout: DrawLayout,
     n: int,
     predictive: bool,
 ) -> dict[str, torch.Tensor]:

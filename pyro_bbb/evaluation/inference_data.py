@@ -13,6 +13,7 @@ ArviZ (which imports matplotlib) is imported on first use, so ``import pyro_bbb`
 
 from __future__ import annotations
 
+import os
 import warnings
 import weakref
 from collections.abc import Callable, Mapping, Sequence
@@ -25,7 +26,8 @@ from .._validation import check_int
 from ..infer.guides._base import seeded_draws
 from ..infer.mcmc import NUTSResult
 from ..training import ConvergenceWarning
-from .draws import VI_CHAINS, model_sites, posterior_draws
+from .draws import VI_CHAINS, DrawLayout, Draws, DrawSink, model_sites, posterior_draws
+from .netcdf_export import CHAIN_DRAW, NetCDFExport, check_export_path
 from .selection import DATA_DIM, select_coords, select_sites, site_dims
 
 if TYPE_CHECKING:
@@ -147,8 +149,9 @@ def _refuse(
         f"{num_draws:,} draws; by layer: {layers}). Pass var_names= for some sites (a "
         f"layer's by its name, e.g. var_names={largest[-1][0]!r}) or coords= for some of "
         "their units, log_likelihood=False and posterior_predictive=False to leave out what "
-        "grows with the rows (or pass fewer rows), a smaller num_samples, or max_bytes=None "
-        "to build it anyway"
+        "grows with the rows (or pass fewer rows), a smaller num_samples, path= to write it "
+        "into a file as it is drawn (memory then holds a slice of it), or max_bytes=None to "
+        "build it anyway"
     )
 
 
@@ -167,6 +170,7 @@ def to_inference_data(
     num_chains: int | None = None,
     batch_size: int | None = None,
     max_bytes: float | None = MAX_BYTES,
+    path: str | os.PathLike | None = None,
     seed: int | None = None,
 ) -> az.InferenceData:
     r"""ArviZ ``InferenceData`` of a guide or a NUTS result, one schema for both.
@@ -202,6 +206,17 @@ def to_inference_data(
     with its size by group and layer and what to pass. Values stay float32 (the weights'
     dtype).
 
+    **Into a file.** With ``path=``, what grows with the draws (the sites, the pointwise
+    log-likelihood, the predictive) is written into a netCDF file slice by slice as it is
+    drawn, so the memory holds one slice, not the export: layer ``2`` of the 784-400-400-10
+    network (160,400 weights, 321 MB at 4 × 125 draws) is exported in under 100 MB above
+    what the process held. The file has ArviZ's layout (what ``InferenceData.to_netcdf``
+    writes; :mod:`~pyro_bbb.evaluation.netcdf_export`), and the ``InferenceData`` returned
+    is ``az.from_netcdf(path)``: it reads the values from the file when they are used
+    (``az.summary`` reads the variables it summarises), and the file can be opened again in
+    another session. With the same ``seed`` the file holds the numbers the export in memory
+    would.
+
     With at least two chains, ``az.summary``, ``az.ess`` and ``az.rhat`` run on a guide's
     export as on NUTS's. For a guide R̂ is 1 up to the noise of the split (its draws are
     independent; every chain has the same distribution) and the ESS is about the number of
@@ -232,12 +247,17 @@ def to_inference_data(
             its members and a NUTS result's its own: ``None`` or their number.
         batch_size: Rows per pass of the model (``None``: as many as hold about 256 MiB of
             activations; see :func:`~pyro_bbb.predict`).
-        max_bytes: The largest export to build, in bytes (``None``: no limit).
+        max_bytes: The largest export to build, in bytes (``None``: no limit); with
+            ``path``, the largest to hold in memory (the data groups: the rest is written
+            into the file).
+        path: A netCDF file to write the export into as it is drawn (written over where it
+            exists; the ``InferenceData`` returned reads it); ``None`` builds the export in
+            memory.
         seed: Seed for the guide draws and predictive draws (the caller's random state is
             left as it was).
 
     Returns:
-        An ``arviz.InferenceData``.
+        An ``arviz.InferenceData`` (with ``path``, read from that file as used).
 
     Warns:
         ConvergenceWarning: Once per guide, when its fit stopped on the predictive
@@ -251,6 +271,8 @@ def to_inference_data(
             :func:`~pyro_bbb.evaluation.selection.select_coords`); as
             :func:`~pyro_bbb.evaluation.draws.posterior_draws`.
         KeyError: If a name in ``var_names`` or a dim in ``coords`` matches nothing.
+        OSError: With ``path``, before anything is drawn, if its folder does not exist, it
+            is a folder, or the disk there has less room than the export takes.
     """
     warn_if_stopped_on_predictive(posterior, "to_inference_data")
     check_int("num_samples", num_samples)
@@ -273,38 +295,96 @@ def to_inference_data(
         shapes, num_draws, x, y,
         log_likelihood=log_likelihood, posterior_predictive=posterior_predictive,
     )  # fmt: skip
-    if max_bytes is not None and sum(size.values()) > max_bytes:
+    held = size if path is None else {k: v for k, v in size.items() if k in _DATA_GROUPS}
+    if max_bytes is not None and sum(held.values()) > max_bytes:
         _refuse(size, shapes, num_draws, var_names, max_bytes)
+    if path is not None:
+        path = check_export_path(path, sum(size.values()))
     data = log_likelihood or posterior_predictive
-    with seeded_draws(posterior, seed, x):
-        draws = posterior_draws(
-            model, posterior, x, y if data else None,
-            num_samples=num_samples, num_chains=num_chains, sites=kept, coords=chosen,
-            log_likelihood=log_likelihood, predictive=posterior_predictive,
-            batch_size=batch_size,
-        )  # fmt: skip
     observed = getattr(model, "observation_site", "obs")
-    groups: dict[str, Any] = {"posterior": {k: numpy_of(v) for k, v in draws.values.items()}}
     data_dims = [DATA_DIM] + (["obs_dim"] if y.dim() > 1 else [])
-    if posterior_predictive:
-        groups["posterior_predictive"] = {observed: numpy_of(draws.predictive)}
-    if log_likelihood:
-        groups["log_likelihood"] = {observed: numpy_of(draws.log_likelihood)}
     if data:
-        groups["observed_data"] = {observed: numpy_of(y)}
-        groups["constant_data"] = {"x": numpy_of(x)}
         dims[observed] = data_dims
         dims["x"] = [DATA_DIM] + [f"x_dim_{i}" for i in range(x.dim() - 1)]
-    if isinstance(posterior, NUTSResult):
-        groups["sample_stats"] = {k: numpy_of(v) for k, v in posterior.sample_stats.items()}
-    elif draws.total_log_likelihood is not None:
-        groups["sample_stats"] = {"lp": numpy_of(draws.log_joint), "log_q": numpy_of(draws.log_q)}
     labels = {dim: index.tolist() for dim, index in chosen.items()}
     if rows is not None and data:
         labels[DATA_DIM] = rows.tolist()
     import arviz as az
 
-    return az.from_dict(**groups, dims=dims, coords=labels or None)
+    export = None if path is None else NetCDFExport(path, labels)
+    sink = None if export is None else _sink(export, dims, observed)
+    try:
+        with seeded_draws(posterior, seed, x):
+            draws = posterior_draws(
+                model, posterior, x, y if data else None,
+                num_samples=num_samples, num_chains=num_chains, sites=kept, coords=chosen,
+                log_likelihood=log_likelihood, predictive=posterior_predictive,
+                batch_size=batch_size, sink=sink,
+            )  # fmt: skip
+        groups = _groups(draws, posterior, x, y, observed, log_likelihood, posterior_predictive)
+        if export is None:
+            return az.from_dict(**groups, dims=dims, coords=labels or None)
+        for group, variables in groups.items():
+            lead = () if group in _DATA_GROUPS else CHAIN_DRAW
+            for name, values in variables.items():
+                named = [*lead, *dims.get(name, ())]
+                named += [f"{name}_dim_{i}" for i in range(values.ndim - len(named))]
+                export.write(group, name, values, named)
+        export.close()
+    except BaseException:
+        if export is not None:
+            export.discard()
+        raise
+    return az.from_netcdf(path)
+
+
+#: The groups of the data themselves: no chain or draw dims.
+_DATA_GROUPS = ("observed_data", "constant_data")
+
+
+def _sink(export: NetCDFExport, dims: Mapping[str, Sequence[str]], observed: str) -> Callable:
+    """What :func:`posterior_draws` sends to ``export``: the arrays that grow with the draws."""
+    written = {
+        "log_likelihood": ("log_likelihood", observed),
+        "predictive": ("posterior_predictive", observed),
+    }
+
+    def sink(key: str, layout: DrawLayout) -> DrawSink | None:
+        if key in written:
+            group, name = written[key]
+            return export.sink(group, name, dims[name], layout)
+        if key in dims:  # a site of the posterior
+            return export.sink("posterior", key, dims[key], layout)
+        return None  # per draw alone (lp, log_q): kept in memory
+
+    return sink
+
+
+def _groups(
+    draws: Draws,
+    posterior: object,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    observed: str,
+    log_likelihood: bool,
+    posterior_predictive: bool,
+) -> dict[str, dict[str, np.ndarray]]:
+    """The export's groups of what ``draws`` holds in memory, as numpy arrays."""
+    groups: dict[str, dict[str, np.ndarray]] = {
+        "posterior": {k: numpy_of(v) for k, v in draws.values.items()}
+    }
+    if posterior_predictive and draws.predictive is not None:
+        groups["posterior_predictive"] = {observed: numpy_of(draws.predictive)}
+    if log_likelihood and draws.log_likelihood is not None:
+        groups["log_likelihood"] = {observed: numpy_of(draws.log_likelihood)}
+    if log_likelihood or posterior_predictive:
+        groups["observed_data"] = {observed: numpy_of(y)}
+        groups["constant_data"] = {"x": numpy_of(x)}
+    if isinstance(posterior, NUTSResult):
+        groups["sample_stats"] = {k: numpy_of(v) for k, v in posterior.sample_stats.items()}
+    elif draws.total_log_likelihood is not None:
+        groups["sample_stats"] = {"lp": numpy_of(draws.log_joint), "log_q": numpy_of(draws.log_q)}
+    return {group: variables for group, variables in groups.items() if variables}
 
 
 def _num_draws(posterior: object, num_samples: int, num_chains: int | None) -> int:

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import pyro_bbb as bbb
-from pyro_bbb.evaluation.draws import model_sites, posterior_draws
+from pyro_bbb.evaluation.draws import DrawLayout, model_sites, posterior_draws
 
 
 def _classifier(seed: int = 0):
@@ -103,3 +103,76 @@ def test_sites_that_are_not_the_models_are_refused():
     guide = bbb.MeanFieldGuide(model)
     with pytest.raises(ValueError, match=r"sites \['3.weight'\] are not the model's"):
         posterior_draws(model, guide, x, y, sites=["3.weight"])
+
+
+class _Slices:
+    """A sink that keeps every slice it is given, with where it starts."""
+
+    def __init__(self, layout) -> None:
+        self.layout, self.slices = layout, []
+
+    def add(self, start, part) -> None:
+        self.slices.append((start, part.clone()))
+
+    def assembled(self) -> torch.Tensor:
+        shape = self.layout.shape_of(self.slices[0][1])
+        whole, filled = self.slices[0][1].new_zeros(shape), torch.zeros(shape, dtype=torch.int)
+        for start, part in self.slices:
+            for chain, draws, values in self.layout.pieces(start, part):
+                whole[chain, draws] = values
+                filled[chain, draws] += 1
+        assert (filled == 1).all()  # every place once
+        return whole
+
+
+@pytest.mark.parametrize("ensemble", [False, True])
+def test_a_sink_takes_the_slices_it_asks_for_and_memory_keeps_the_rest(monkeypatch, ensemble):
+    # slices of two draws: with 3 chains of 5 draws, chain-major slices cross the chains'
+    # ends (draws 4-5 are chain 0's last and chain 1's first); the slices put together in
+    # their places are the draws kept in memory, bit for bit
+    model, x, y = _classifier()
+    if ensemble:
+        guide = bbb.Ensemble(model, lambda m: bbb.MeanFieldGuide(m, init_scale=0.3), k=3)
+    else:
+        guide = bbb.MeanFieldGuide(model, init_scale=0.3)
+    guide(x, y)
+    members = 3 if ensemble else 1
+    monkeypatch.setattr("pyro_bbb.evaluation.draws.SLICE_BYTES", 4 * 3 * 2 * 27 * 4 * members)
+    sinks = {}
+
+    def sink(key, layout):
+        if key in ("0.weight", "log_likelihood", "predictive"):
+            return sinks.setdefault(key, _Slices(layout))
+        return None
+
+    options = {"num_samples": 5, "num_chains": 3, "predictive": True, "batch_size": 7}
+    pyro.set_rng_seed(3)
+    sent = posterior_draws(model, guide, x, y, sink=sink, **options)
+    pyro.set_rng_seed(3)
+    kept = posterior_draws(model, guide, x, y, **options)
+    assert set(sent.values) == {"0.bias", "2.weight", "2.bias"}
+    assert sent.log_likelihood is None and sent.predictive is None
+    assert len(sinks["0.weight"].slices) == (3 if ensemble else 8)
+    assert torch.equal(sinks["0.weight"].assembled(), kept.values["0.weight"])
+    assert torch.equal(sinks["log_likelihood"].assembled(), kept.log_likelihood)
+    assert torch.equal(sinks["predictive"].assembled(), kept.predictive)
+    torch.testing.assert_close(sent.log_q, kept.log_q)
+    torch.testing.assert_close(sent.total_log_likelihood, kept.total_log_likelihood)
+
+
+def test_a_layouts_pieces_put_a_plates_draws_in_their_chains():
+    chain_major = DrawLayout(chains=3, draws=4, ensemble=False)
+    flat = torch.arange(12.0).unsqueeze(-1)  # plate draw p holds p
+    whole = torch.full((3, 4, 1), float("nan"))
+    for start, size in [(0, 5), (5, 2), (7, 5)]:
+        for chain, draws, values in chain_major.pieces(start, flat[start : start + size]):
+            whole[chain, draws] = values
+    assert torch.equal(whole, flat.reshape(3, 4, 1))
+    assert [(c, d) for c, d, _ in chain_major.pieces(3, flat[3:9])] == [
+        (0, slice(3, 4)), (1, slice(0, 4)), (2, slice(0, 1)),
+    ]  # fmt: skip
+    draw_major = DrawLayout(chains=2, draws=3, ensemble=True)  # a slice: (n, members, ...)
+    part = torch.arange(6.0).reshape(3, 2)
+    [(chain, draws, values)] = draw_major.pieces(0, part)
+    assert chain == slice(None) and draws == slice(0, 3)
+    assert torch.equal(values, part.T) and draw_major.shape_of(part) == (2, 3)

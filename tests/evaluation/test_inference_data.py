@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import shutil
 import warnings
 
 import arviz as az
@@ -11,6 +12,7 @@ import numpy as np
 import pyro
 import pytest
 import torch
+import xarray as xr
 
 import pyro_bbb as bbb
 from pyro_bbb.evaluation import to_inference_data
@@ -342,3 +344,90 @@ def test_a_fresh_guides_first_seeded_export_is_the_one_later_calls_give():
     np.testing.assert_array_equal(
         first.log_likelihood["obs"].values, second.log_likelihood["obs"].values
     )
+
+
+# --- into a file: the same export, written as it is drawn ------------------------------------
+
+
+def _assert_same_export(written, built) -> None:
+    assert set(written.groups()) == set(built.groups())
+    for group in built.groups():
+        xr.testing.assert_equal(getattr(written, group), getattr(built, group))
+        for name, variable in getattr(built, group).data_vars.items():
+            assert getattr(written, group)[name].dtype == variable.dtype, (group, name)
+
+
+def test_an_export_into_a_file_is_the_export_in_memory(tmp_path, monkeypatch, nuts_result):
+    # slices of a few draws (chain-major slices cross the chains' ends), the units and rows
+    # coords= keeps, an ensemble's members, and NUTS's own draws and boolean sample_stats
+    model, guide, x, y = _network()
+    monkeypatch.setattr("pyro_bbb.evaluation.draws.SLICE_BYTES", 4 * 3 * 3 * 155 * 4)
+    options = {"num_samples": 7, "seed": 0, "coords": {"2.out": [5, 1], "data": range(10, 30)}}
+    path = tmp_path / "guide.nc"
+    written = to_inference_data(model, guide, x, y, path=path, **options)
+    _assert_same_export(written, to_inference_data(model, guide, x, y, **options))
+    assert written.posterior["2.bias"].coords["2.out"].values.tolist() == [5, 1]
+    _assert_same_export(az.from_netcdf(path), written)  # the file itself, read again
+    ensemble = bbb.Ensemble(model, lambda m: bbb.MeanFieldGuide(m, init_scale=0.2), k=2)
+    ensemble(x, y)
+    _assert_same_export(
+        to_inference_data(model, ensemble, x, y, num_samples=5, seed=1, path=tmp_path / "e.nc"),
+        to_inference_data(model, ensemble, x, y, num_samples=5, seed=1),
+    )
+    x_nuts, y_nuts, *_ = conjugate_problem()
+    nuts = to_inference_data(linear_bnn(x_nuts), nuts_result, x_nuts, y_nuts, seed=0,
+                             path=tmp_path / "nuts.nc")  # fmt: skip
+    _assert_same_export(
+        nuts, to_inference_data(linear_bnn(x_nuts), nuts_result, x_nuts, y_nuts, seed=0)
+    )
+    assert nuts.sample_stats["diverging"].dtype == bool
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["e.nc", "guide.nc", "nuts.nc"]
+
+
+def test_an_export_into_a_file_holds_in_memory_only_the_data(tmp_path):
+    # refused in memory at 500 kB (612 kB), written into a file: memory holds the data's
+    # 1.6 kB; where the file would not fit on the disk, refused before anything is drawn
+    model, guide, x, y = _network()
+    with pytest.raises(ValueError, match="path= to write it into a file as it is drawn"):
+        to_inference_data(model, guide, x, y, max_bytes=500_000)
+    data = to_inference_data(model, guide, x, y, max_bytes=500_000, path=tmp_path / "a.nc")
+    assert data.posterior["0.weight"].shape == (4, 125, 8, 6)
+    with pytest.raises(ValueError, match="would build 612 kB, above max_bytes=1000"):
+        to_inference_data(model, guide, x, y, max_bytes=1000, path=tmp_path / "b.nc")
+    state = torch.get_rng_state()
+    with pytest.raises(FileNotFoundError, match=r"its folder '.*missing' does not exist"):
+        to_inference_data(model, guide, x, y, path=tmp_path / "missing" / "c.nc")
+    with pytest.raises(IsADirectoryError, match="is a folder; name the file to write"):
+        to_inference_data(model, guide, x, y, path=tmp_path)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("shutil.disk_usage", lambda _: shutil._ntuple_diskusage(10**6, 0, 1000))
+        with pytest.raises(OSError, match="the export takes 1 MB and the disk there has 0 MB"):
+            to_inference_data(model, guide, x, y, path=tmp_path / "d.nc")
+    assert torch.equal(torch.get_rng_state(), state)  # nothing was drawn
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.nc"]
+
+
+def test_a_file_is_replaced_only_by_a_complete_export_and_earlier_readers_keep_theirs(
+    tmp_path, monkeypatch
+):
+    model, guide, x, y = _network()
+    path = tmp_path / "export.nc"
+    first = to_inference_data(model, guide, x, y, var_names="4", num_samples=5, seed=0, path=path)
+    before = first.posterior["4.bias"].values.copy()
+    second = to_inference_data(model, guide, x, y, var_names="4", num_samples=5, seed=1, path=path)
+    np.testing.assert_array_equal(first.posterior["4.bias"].values, before)  # its own file
+    assert not np.array_equal(second.posterior["4.bias"].values, before)
+    calls = []
+
+    def failing(self, start, part):
+        calls.append(start)
+        if len(calls) > 2:
+            raise RuntimeError("interrupted")
+
+    monkeypatch.setattr("pyro_bbb.evaluation.netcdf_export._FileSink.add", failing)
+    with pytest.raises(RuntimeError, match="interrupted"):
+        to_inference_data(model, guide, x, y, num_samples=5, seed=2, path=path)
+    np.testing.assert_array_equal(
+        az.from_netcdf(path).posterior["4.bias"].values, second.posterior["4.bias"].values
+    )
+    assert [p.name for p in tmp_path.iterdir()] == ["export.nc"]  # no half-written file
