@@ -112,6 +112,13 @@ class Ensemble(PyroModule):
         self.num_members = check_int("k", k)
         nesting = getattr(model, "max_plate_nesting", None)
         nesting = nesting if max_plate_nesting is None else max_plate_nesting
+        if nesting is None:
+            raise ValueError(
+                "Ensemble needs the model's plate depth, to put the members' plate left of "
+                f"its plates: {type(model).__name__} declares no max_plate_nesting (a model "
+                "function does not); pass max_plate_nesting= (1 for a model whose only plate "
+                "is its data's)"
+            )
         self.model_plate_nesting = check_int("max_plate_nesting", nesting, minimum=0)
         members = guide(model)
         if not isinstance(members, SiteGuide):

@@ -158,7 +158,7 @@ def fused_elbo(
         if not _particles_beside_members(ensemble, elbo):
             return None
     if (
-        type(model).forward is not BNN.forward
+        getattr(type(model), "forward", None) is not BNN.forward  # a function: traced
         or type(guide) not in (MeanFieldGuide, LowRankGuide)
         or guide.prototype_trace is None
         or guide.model is not model

@@ -34,8 +34,11 @@ def module_in_training_mode(model: nn.Module) -> str | None:
     updates) batch statistics, so the network is not a function of its weights alone.
 
     Returns:
-        ``"'net.2' (Dropout)"``, or ``None`` when every such module is in evaluation mode.
+        ``"'net.2' (Dropout)"``, or ``None`` when every such module is in evaluation mode,
+        or when ``model`` is not a module (a model function: what it calls is not seen).
     """
+    if not isinstance(model, nn.Module):
+        return None
     for name, module in model.named_modules():
         if module.training and isinstance(module, _TRAINING_MODE):
             return f"{name!r} ({module_class_name(module)})"

@@ -272,3 +272,30 @@ def test_a_saved_ensemble_loads_into_a_fresh_one(tmp_path):
     bbb.load(tmp_path / "ensemble.pt", model, fresh)
     for name, (loc, _) in fresh.marginals().items():
         assert torch.equal(loc, saved[name]), name
+
+
+def _function_model():
+    """A model function of one's own over a bayesianized network (no max_plate_nesting)."""
+    net = bbb.bayesianize(torch.nn.Sequential(torch.nn.Linear(2, 6), torch.nn.Tanh(),
+                                              torch.nn.Linear(6, 1)))  # fmt: skip
+
+    def model(x, y=None):
+        loc = net(x).squeeze(-1)
+        with pyro.plate("data", 40, subsample_size=len(x)):
+            return pyro.sample("obs", dist.Normal(loc, 0.1), obs=y)
+
+    return model
+
+
+def test_an_ensemble_of_a_model_function_asks_its_plate_depth_and_its_members_start_apart():
+    # before: "max_plate_nesting must be an int >= 0, got None", then with it given,
+    # "'function' object has no attribute 'modules'" at the members' first means
+    pyro.clear_param_store()
+    model = _function_model()
+    x, y = torch.randn(40, 2), torch.randn(40)
+    with pytest.raises(ValueError, match=r"declares no max_plate_nesting.*pass max_plate_nes"):
+        Ensemble(model, MeanFieldGuide, k=3)
+    ensemble = Ensemble(model, MeanFieldGuide, k=3, max_plate_nesting=1)
+    bbb.fit(model, ensemble, x, y, epochs=2, batch_size=20, progress=False)
+    locs = ensemble.marginals()["0.weight"][0].detach().reshape(3, -1)
+    assert (torch.cdist(locs, locs) + torch.eye(3)).min() > 0.5  # prior draws, far apart

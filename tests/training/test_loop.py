@@ -617,3 +617,26 @@ def test_fit_inside_an_estimators_block_is_refused_naming_its_reparam(context, r
         fit(model, guide, x, y, epochs=1, progress=False)
     history = fit(model, guide, x, y, epochs=1, reparam=reparam, progress=False)
     assert len(history) == 1
+
+
+def test_a_pyro_model_function_of_your_own_trains_with_fit_and_predicts():
+    # a plain function that calls a bayesianized network and observes in a subsampled data
+    # plate; fit failed at once before ("type object 'function' has no attribute 'forward'")
+    pyro.clear_param_store()
+    generator = torch.Generator().manual_seed(0)
+    x = torch.rand(120, 1, generator=generator) * 6 - 3
+    y = torch.sin(x[:, 0]) + 0.1 * torch.randn(120, generator=generator)
+    net = bayesianize(torch.nn.Sequential(
+        torch.nn.Linear(1, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1)
+    ))  # fmt: skip
+
+    def model(x, y=None):
+        loc = net(x).squeeze(-1)
+        with pyro.plate("data", 120, subsample_size=len(x)):
+            return pyro.sample("obs", dist.Normal(loc, 0.1), obs=y)
+
+    guide = MeanFieldGuide(model)
+    history = fit(model, guide, x, y, epochs=400, batch_size=40, seed=0, progress=False)
+    assert history.steps[-1] == 1200
+    pred = predict(model, guide, x, num_samples=50, seed=0)
+    assert float((pred.mean - y).pow(2).mean().sqrt()) < 0.3  # the targets' std is 0.7

@@ -130,19 +130,31 @@ class SiteGuide(AutoGuide):
         sites = global_latent_sites(self.prototype_trace, type(self).__name__, self.model)
         locs = initial_locs(self.model, sites, self._init_loc)
         if self.member_shape:
-            locs = self._member_locs(locs)
+            locs = self._member_locs(locs, sites)
         with taking_fitted(type(self).__name__, pyro_name(self)):  # warns if it takes a fit's
             self._build(sites, locs)
 
-    def _member_locs(self, locs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    def _member_locs(
+        self, locs: dict[str, torch.Tensor], sites: dict[str, dict]
+    ) -> dict[str, torch.Tensor]:
         """Initial means of ``K`` members, ``{site: (*member_shape, *site shape)}``.
 
         Member 0 starts where a single guide would; the others from fresh draws of torch's
         default initialisation of each affine layer (:func:`~pyro_bbb.nn.fresh_initial_values`).
-        A site outside the affine layers starts at the same value in every member.
+        A site outside the affine layers starts at the same value in every member. A model
+        that is not a module (a model function, whose layers a guide does not see) starts
+        every site at a draw from its prior, member 0 at its prototype draw as a single
+        guide does, the others at fresh ones.
         """
         count = self.member_shape[0]
-        draws = [locs] + [fresh_initial_values(self.model) for _ in range(count - 1)]
+        if isinstance(self.model, torch.nn.Module):
+            fresh = [fresh_initial_values(self.model) for _ in range(count - 1)]
+        else:
+            fresh = [
+                {name: site["fn"].sample().detach() for name, site in sites.items()}
+                for _ in range(count - 1)
+            ]
+        draws = [locs, *fresh]
         return {
             name: torch.stack([draw.get(name, loc).to(loc) for draw in draws]).reshape(
                 *self.member_shape, *loc.shape

@@ -384,3 +384,23 @@ def test_worker_processes_from_an_unguarded_script_fail_with_a_clear_error(tmp_p
     run = _run_script(tmp_path, source, as_file=True)
     assert run.returncode != 0
     assert "num_workers=1 (the default: chains run here)" in run.stderr, run.stderr[-3000:]
+
+
+def test_run_nuts_samples_a_model_function_of_ones_own():
+    # before: "'function' object has no attribute 'named_modules'" (the evaluation-mode check)
+    import pyro
+    from torch import nn
+
+    pyro.clear_param_store()
+    net = bbb.bayesianize(nn.Sequential(nn.Linear(1, 3), nn.Tanh(), nn.Linear(3, 1)))
+    x = torch.linspace(-1, 1, 20).unsqueeze(-1)
+    y = torch.sin(x[:, 0])
+
+    def model(x, y=None):
+        loc = net(x).squeeze(-1)
+        with pyro.plate("data", 20):
+            return pyro.sample("obs", dist.Normal(loc, 0.1), obs=y)
+
+    result = run_nuts(model, x, y, num_samples=10, warmup_steps=10, num_chains=1, seed=0,
+                      progress=False, init_steps=0)  # fmt: skip
+    assert result.samples["0.weight"].shape == (1, 10, 3, 1)
