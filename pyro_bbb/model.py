@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import pyro
+import pyro.poutine as poutine
 import torch
 from pyro.infer.util import is_validation_enabled
 from pyro.nn import PyroModule
@@ -26,6 +27,7 @@ from ._validation import (
     check_tensor,
 )
 from .likelihoods import Likelihood
+from .nn.draws import kept_buffers
 from .nn.layers import BayesianLayer
 from .nn.network_summary import NetworkSummary, summary
 
@@ -164,7 +166,7 @@ class BNN(PyroModule):
                 ``num_data``, or targets the likelihood cannot take.
             TypeError: If the network returns something other than a tensor.
         """
-        self._check_inputs(x, y)
+        self.check_inputs(x, y)
         output = self.net(x)
         if not isinstance(output, torch.Tensor):
             raise TypeError(
@@ -197,10 +199,26 @@ class BNN(PyroModule):
             self.__dict__["_subsample_cache"] = cached
         return cached
 
-    def _check_inputs(self, x: torch.Tensor, y: torch.Tensor | None) -> None:
+    def check_inputs(self, x: torch.Tensor, y: torch.Tensor | None = None) -> None:
+        """Refuse inputs (and targets) the model cannot take, before it runs on them.
+
+        What :meth:`forward` checks first; :func:`~pyro_bbb.predict` checks ``x`` so before it
+        runs the network on a few of its rows.
+
+        Args:
+            x: Features ``(batch, *features)``.
+            y: Targets ``(batch[, dim])``, or ``None``.
+
+        Raises:
+            ValueError: As :meth:`forward` says, naming the argument, what was expected and
+                what came (one point without its batch dim: ``x.unsqueeze(0)``).
+        """
         check_features("x", x, self.dtype, tokens=self.accepts_token_ids)
         if x.dim() < 2:
-            raise ValueError(f"x must be (batch, *features), got shape {tuple(x.shape)}")
+            raise ValueError(
+                f"x must be (batch, *features), got shape {tuple(x.shape)}; for one point, "
+                "pass it with its batch dim: x.unsqueeze(0)"
+            )
         device = self.device
         if x.device != device:
             raise ValueError(
@@ -232,24 +250,53 @@ def _first_layer_takes_tokens(net: nn.Module) -> bool:
     return False
 
 
+def checked_network_output(net: nn.Module, x: torch.Tensor) -> torch.Tensor | None:
+    """The network's output on ``x``, once checked (:func:`check_network_output`).
+
+    The network runs once, weights drawn from their priors, nothing recorded and its buffers
+    (a BatchNorm's statistics) left as they were: a check of shapes, before a fit's first
+    step or where a prediction failed.
+
+    Returns:
+        The output, or ``None`` where it is not one tensor (the model says so when it runs).
+    """
+    with torch.no_grad(), poutine.block(), kept_buffers(net):
+        output = net(x)
+    if not isinstance(output, torch.Tensor):
+        return None
+    check_network_output(output, len(x))
+    return output
+
+
 def check_network_output(output: torch.Tensor, rows: int) -> None:
-    """Refuse a network output ``(batch,)``: a BNN reads ``(batch, outputs)``.
+    """Refuse a network output that is not ``(..., batch, outputs)``, as a BNN reads it.
 
     A forward that ends in ``.squeeze(-1)`` returns one number per row without an output
     dim, which the likelihood would read as ``batch`` outputs of one row. A one-dimensional
     output of ``rows`` numbers is that case, whatever the likelihood (a network's output for
-    a batch always has the batch dim and an output dim).
+    a batch always has the batch dim and an output dim). An output whose next-to-last dim is
+    not the rows comes from an input with a dim the network does not take (``x`` of
+    ``(batch, 1, features)`` through an MLP), which would otherwise fail later on a mismatch
+    of sizes that names neither.
 
     Args:
-        output: What the network returned for ``rows`` rows, before any weight draws' dims.
+        output: What the network returned for ``rows`` rows (any weight draws' dims first).
         rows: The rows of its input.
 
     Raises:
-        ValueError: If ``output`` is ``(rows,)``, naming the fix.
+        ValueError: If ``output`` is ``(rows,)``, or its next-to-last dim is not ``rows``,
+            naming the fix.
     """
     if output.dim() == 1 and output.shape[0] == rows:
         raise ValueError(
             f"the network returned shape ({rows},) for {rows} rows, but a BNN reads a "
             "network's output as (batch, outputs): return (batch, 1) for one output per row "
             "(e.g. leave out a final .squeeze(-1) in forward)"
+        )
+    if output.dim() >= 2 and output.shape[-2] != rows:
+        raise ValueError(
+            f"the network returned shape {tuple(output.shape)} for {rows} rows of x, but a "
+            "BNN reads a network's output as (batch, outputs), one row per row of x next to "
+            f"last, where it has {output.shape[-2]}: does x have a dim the network does not "
+            "take (x is (batch, *features), the features as the first layer reads them)?"
         )

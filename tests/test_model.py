@@ -21,6 +21,7 @@ from pyro_bbb import (
     fit,
     likelihoods,
     mlp,
+    predict,
 )
 from pyro_bbb.infer import AnnealedELBO
 from pyro_bbb.nn import initial_values
@@ -463,3 +464,24 @@ def test_a_network_returning_one_number_per_row_without_an_output_dim_is_refused
     guide = MeanFieldGuide(model)
     with pytest.raises(ValueError, match=r"returned shape \(8,\) for 8 rows.*squeeze"):
         fit(model, guide, x, y, epochs=1, batch_size=8)
+
+
+def test_inputs_of_the_wrong_shape_are_refused_by_fit_and_predict_naming_what_came():
+    # before: predict named the shape of the two rows it probes with ((2,) for x[0] of
+    # (3,), (2, 2) for features (100, 2)), and an input with a dim of its own failed in fit
+    # and predict on "the size of tensor a (100) must match the size of tensor b (8)"
+    pyro.clear_param_store()
+    x, y = torch.randn(40, 3), torch.randn(40)
+    model = BNN(mlp([3, 8, 1]), likelihoods.Gaussian(), num_data=40)
+    guide = MeanFieldGuide(model)
+    fit(model, guide, x, y, epochs=1, progress=False)
+    with pytest.raises(ValueError, match=r"got shape \(3,\); for one point.*x\.unsqueeze\(0\)"):
+        predict(model, guide, x[0], num_samples=4)
+    with pytest.raises(ValueError, match=r"expects input features \(3,\) in its last 1 dim\(s\), "
+                       r"got \(2,\) there"):  # fmt: skip
+        predict(model, guide, x[:, :2], num_samples=4)
+    stray = r"returned shape \(\d+, 1, 1\) for \d+ rows of x.*a dim the network does not take"
+    with pytest.raises(ValueError, match=stray):
+        predict(model, guide, x.unsqueeze(1), num_samples=4)
+    with pytest.raises(ValueError, match=stray):
+        fit(model, guide, x.unsqueeze(1), y, epochs=1, progress=False)

@@ -19,9 +19,10 @@ aleatoric, plus mutual information between label and weights, epistemic).
 
 from __future__ import annotations
 
+import contextlib
 import math
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -42,7 +43,7 @@ from .._validation import (
     check_open_unit_interval,
     check_tensor,
 )
-from ..model import BNN
+from ..model import BNN, checked_network_output
 from ..nn.training_mode import batch_norm_in_training_mode
 from .guides._base import seeded_draws
 from .linearised import check_gaussian_draws, linearised_outputs
@@ -397,6 +398,8 @@ def predict(
     check_tensor("x", x, dtype if isinstance(dtype, torch.dtype) else torch.float32)
     if torch.is_floating_point(x) and x.device.type != "meta":  # the model names a meta x
         check_finite_tensor("x", x)
+    if isinstance(model, BNN):  # before the network runs on a few rows of x
+        model.check_inputs(x)
     if predictive == "linearised":
         _check_linearisable(model, guide, reparam)
     observed = getattr(model, "observation_site", "obs")
@@ -418,7 +421,7 @@ def predict(
     dim = -((nesting or 1) + 1)  # the draws' plate, left of the model's (and the members')
     linearised = predictive == "linearised"  # linearised at one mean: its draws in one pass
     passes = [num_samples] if linearised else draw_passes(guide, num_samples)
-    with seeded_draws(guide, seed, x), estimator(reparam)():
+    with seeded_draws(guide, seed, x), estimator(reparam)(), _explained(module, x):
         together = Concatenation(num_samples, along="draws") if len(passes) > 1 else None
         for draws in passes:  # one pass of every draw, unless they would not fit DRAW_BYTES
             plate = pyro.plate("predictive_samples", draws, dim=dim)
@@ -443,6 +446,27 @@ def predict(
             fn = together.result()
         # drawn once from every row's distribution, as Pyro draws a site: fn() (rsample if it can)
         return _summarise(fn, fn(), num_samples * members)
+
+
+@contextlib.contextmanager
+def _explained(module: torch.nn.Module | None, x: torch.Tensor) -> Iterator[None]:
+    """Where the draws' pass fails, the network of a BNN run plainly on two rows says why.
+
+    An input with a dim the network does not take fails inside a layer, on the draws' dim
+    against the stray one; the plain run names it (:func:`~pyro_bbb.model.check_network_output`).
+    Any other failure is raised as it came.
+    """
+    try:
+        yield
+    except RuntimeError as error:
+        if isinstance(module, BNN):
+            try:
+                checked_network_output(module.net, x[:2])
+            except ValueError as explained:
+                raise explained from error
+            except RuntimeError:
+                pass
+        raise
 
 
 def draw_passes(guide: Callable[..., Any], num_samples: int) -> list[int]:

@@ -291,8 +291,8 @@ class BayesianAffine(BayesianLayer):
         ):
             raise ValueError(
                 f"{type(self).__name__} {pyro_name(self) or '(root)'!r} expects input "
-                f"features {tuple(expected)} in its last dims, got x of shape "
-                f"{tuple(x.shape)}"
+                f"features {tuple(expected)} in its last {len(expected)} dim(s), got "
+                f"{tuple(got)} there (an input of {x.dim()} dims, its batch first)"
             )
         self._checked_shapes = key
 
