@@ -15,7 +15,8 @@ trains until more training stops paying (``until="converged"``: until the poster
 moving), goes on from where it ended when given a fitted guide again, and warns with
 :class:`ConvergenceWarning` when a budget ends a run before its test passed, and with
 :class:`PosteriorCollapseWarning` when the posterior ends at its prior while the network
-misses structure in the data. For data that arrive as a stream,
+misses structure in the data; before training, :class:`TargetScaleWarning` when regression
+targets are far from unit scale. For data that arrive as a stream,
 :class:`LoFi` and :class:`RVGA` update the posterior one minibatch at a time in closed
 form, in one pass (:class:`LowRankPrecisionGuide` is their belief as a guide).
 
@@ -51,7 +52,7 @@ from .io import load, save
 from .model import BNN
 from .nn import BayesianAffine, BayesianModule, bayesianize, mlp, summary
 from .online import RVGA, LoFi, LowRankPrecisionGuide
-from .training import Callback, ConvergenceWarning, History, fit
+from .training import Callback, ConvergenceWarning, History, TargetScaleWarning, fit
 
 __version__ = "0.1.0"
 
@@ -75,6 +76,7 @@ __all__ = [
     "PosteriorCollapseWarning",
     "Prediction",
     "RegressionPrediction",
+    "TargetScaleWarning",
     "bayesianize",
     "compare",
     "data",

@@ -34,6 +34,7 @@ from .coresets import select_coreset
 from .history import History
 from .loop import fit
 from .lr_schedules import CosineDecay, InverseTimeDecay
+from .minibatches import TargetScaleWarning
 
 __all__ = [
     "VCL",
@@ -43,6 +44,7 @@ __all__ = [
     "CosineDecay",
     "History",
     "InverseTimeDecay",
+    "TargetScaleWarning",
     "check_convergence",
     "fit",
     "select_coreset",

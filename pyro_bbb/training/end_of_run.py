@@ -6,7 +6,10 @@ check's own verdict and warning are :mod:`~pyro_bbb.training.run_length`'s.
 
 from __future__ import annotations
 
+import dataclasses
 from contextlib import suppress
+
+import torch
 
 from ..infer.collapse import FRACTION_THRESHOLD as COLLAPSE_FRACTION
 from ..infer.collapse import diagnose_collapse, warn_if_collapsed
@@ -50,12 +53,30 @@ def stamp(guide: object, end: FitEnd) -> None:
         guide.fit_end = end
 
 
-def check_collapse(model, guide, history: History, batches: Batches) -> None:
+def check_collapse(model, guide, history: History, batches: Batches, *, done: bool) -> None:
     """Warn with :class:`~pyro_bbb.PosteriorCollapseWarning` if the fit ended collapsed.
 
-    The per-epoch fraction of weights at their prior decides whether to look; the diagnosis
-    then compares the predictive mean's residual on up to 2,048 training points with a
-    nearest-neighbour average's.
+    The per-epoch fraction of weights at their prior, or a learned noise (one scale) above
+    the targets' standard deviation, decides whether to look; the diagnosis then runs the
+    predictive on up to 2,048 training points
+    (:attr:`~pyro_bbb.infer.collapse.CollapseDiagnosis.collapsed` says what it reads). The
+    noise is judged only where the run is ``done`` (it ended without a convergence warning):
+    a noise still near its initial 1 after a few fixed epochs, or where a budget cut the
+    run, is a fit not done, which that warning says.
     """
-    if history.collapsed and history.collapsed[-1] >= COLLAPSE_FRACTION:
-        warn_if_collapsed(diagnose_collapse(model, guide, *batches.sample(2048)), stacklevel=4)
+    x, y = batches.sample(2048)
+    at_prior = bool(history.collapsed) and history.collapsed[-1] >= COLLAPSE_FRACTION
+    if at_prior or (done and _noise_above_targets(model, y)):
+        diagnosis = diagnose_collapse(model, guide, x, y)
+        if diagnosis is not None and not done:
+            diagnosis = dataclasses.replace(diagnosis, noise_learned=False)
+        warn_if_collapsed(diagnosis, stacklevel=4)
+
+
+def _noise_above_targets(model, y: torch.Tensor) -> bool:
+    """Whether a learned homoscedastic noise is above the targets' standard deviation."""
+    likelihood = getattr(model, "likelihood", None)
+    if not getattr(likelihood, "learned", False) or not y.is_floating_point() or len(y) < 2:
+        return False
+    spread = (y - y.mean(0)).pow(2).mean().sqrt()
+    return bool(likelihood.noise_scale().detach().mean() > spread)

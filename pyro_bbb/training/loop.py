@@ -402,7 +402,7 @@ def fit(
         message = length.warning(history)
         if message is not None:
             warnings.warn(message, ConvergenceWarning, stacklevel=2)
-        check_collapse(model, guide, history, every_row)
+        check_collapse(model, guide, history, every_row, done=message is None)
     return history
 
 

@@ -7,7 +7,8 @@ name the argument. The order of tensor data is :func:`epoch_order`: a function o
 the epoch only, drawn as ``torch.utils.data.DistributedSampler`` draws it, so that every
 process of a data-parallel fit agrees on it, a resumed fit continues it, and Monte Carlo
 noise never shifts it. :func:`check_likelihood_scale` checks that the model scales a
-minibatch's log-likelihood by :math:`N/B`. Nothing here trains.
+minibatch's log-likelihood by :math:`N/B`. :func:`warn_if_targets_unscaled` warns, once
+before training, when regression targets are far from unit scale. Nothing here trains.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ import warnings
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-import pyro.poutine as poutine
 import torch
 from pyro.poutine.util import site_is_subsample
 from torch.utils.data import DataLoader, DistributedSampler
@@ -30,10 +30,18 @@ from .._validation import (
     conversion_hint,
 )
 from ..infer.sites import prior_trace
-from ..model import check_network_output
-from ..nn.draws import kept_buffers
+from ..model import checked_network_output
 
-__all__ = ["Batches", "check_likelihood_scale", "epoch_order", "make_batches"]
+__all__ = [
+    "TARGET_MEAN_LIMIT",
+    "TARGET_STD_RANGE",
+    "Batches",
+    "TargetScaleWarning",
+    "check_likelihood_scale",
+    "epoch_order",
+    "make_batches",
+    "warn_if_targets_unscaled",
+]
 
 
 class Batches:
@@ -174,6 +182,8 @@ def make_batches(
                 set_epoch(epoch)
             for batch in x:
                 xb, yb = (t.to(device, non_blocking=True) for t in batch)
+                if not widths:  # the first batch: the targets' scale, from it alone
+                    warn_if_targets_unscaled(model, yb)
                 _check_data(model, xb, yb, widths)
                 yield xb, yb
 
@@ -199,6 +209,7 @@ def make_batches(
     total = x.shape[0]
     shard = math.ceil((total if rows is None else len(rows)) / world_size)
     _check_data(model, x, y, rows=shard if batch_size is None else min(batch_size, shard))
+    warn_if_targets_unscaled(model, y)
     if num_data is not None and total != num_data:
         raise ValueError(
             f"x has {total} rows but model.num_data={num_data}; num_data must be the "
@@ -281,13 +292,67 @@ def _check_data(
     if likelihood is not None and net is not None:
         widths = {} if widths is None else widths
         if "out" not in widths:
-            with torch.no_grad(), poutine.block(), kept_buffers(net):
-                out = net(x if rows is None else x[:rows])
-            if not isinstance(out, torch.Tensor):
+            out = checked_network_output(net, x if rows is None else x[:rows])
+            if out is None:
                 return  # not one tensor: the model says so when it runs (BNN.forward)
-            check_network_output(out, len(x) if rows is None else min(rows, len(x)))
             widths["out"] = out.shape[-1]
         likelihood.check_target(y, widths["out"])
+
+
+class TargetScaleWarning(UserWarning):
+    """Regression targets far from unit scale, which a network of unit-scale priors fits badly."""
+
+
+#: Targets count as of unit scale when every column's standard deviation is within these ...
+TARGET_STD_RANGE = (0.1, 10.0)
+#: ... and its mean within this of 0.
+TARGET_MEAN_LIMIT = 10.0
+
+
+def warn_if_targets_unscaled(model: object, y: torch.Tensor) -> None:
+    r"""Warn (:class:`TargetScaleWarning`) when regression targets are far from unit scale.
+
+    A network with priors of unit scale on its weights (``mlp``'s and ``bayesianize``'s
+    default :math:`\mathcal N(0, 1)`) draws functions of order one, and a learned noise
+    starts at 1. Targets whose standard deviation is outside :data:`TARGET_STD_RANGE`, or
+    whose mean is beyond :data:`TARGET_MEAN_LIMIT`, make the posterior pay a large KL for
+    the weights the scale needs: measured at ``fit``'s defaults on 300 points of
+    :math:`s(\sin 2x + \mathcal N(0, 0.1^2))` (1-32-32-1), the predictive mean's error over
+    ``s`` was 0.05 at ``s = 1``, 0.17 at ``s = 100``, and at ``s = 0.01`` and
+    :math:`10^5` (or ``s = 1`` shifted by 100) the posterior stayed at the prior and the
+    noise took in the targets. Standardising them
+    (:class:`~pyro_bbb.data.Standardizer`, then
+    :meth:`~pyro_bbb.infer.predictive.RegressionPrediction.unstandardize` on the
+    predictions) removes it. Only a model whose likelihood is a regression's is read;
+    labels are not.
+
+    Args:
+        model: The model; its ``likelihood.task`` says whether the targets are a regression's.
+        y: The targets ``(N[, dim])``, or a first minibatch of them.
+    """
+    likelihood = getattr(model, "likelihood", None)
+    if getattr(likelihood, "task", None) != "regression" or not y.is_floating_point():
+        return
+    if y.shape[0] < 2:
+        return
+    columns = y.detach().reshape(y.shape[0], -1).double()
+    std, mean = columns.std(0), columns.mean(0)
+    low, high = TARGET_STD_RANGE
+    bad = (std > high) | ((std < low) & (std > 0)) | (mean.abs() > TARGET_MEAN_LIMIT)
+    if not bad.any():
+        return
+    k = int(bad.nonzero()[0, 0])
+    where = f" (column {k})" if columns.shape[1] > 1 else ""
+    warnings.warn(
+        f"y{where} has mean {mean[k].item():.3g} and standard deviation {std[k].item():.3g}: "
+        "a network whose weights have priors of unit scale draws functions of order one, so "
+        "targets far from unit scale fit badly, or not at all (the posterior stays at the "
+        "prior and the learned noise takes in the targets). Standardise them: "
+        "scaler = pyro_bbb.data.Standardizer().fit(y), fit on scaler.transform(y), and read "
+        "predictions in y's units with prediction.unstandardize(scaler.mean, scaler.std)",
+        TargetScaleWarning,
+        stacklevel=4,
+    )
 
 
 def check_likelihood_scale(

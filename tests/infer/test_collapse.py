@@ -268,3 +268,38 @@ def test_fit_monitors_a_model_whose_targets_are_not_optional():
     model = NeedsTargets()
     history = bbb.fit(model, bbb.MeanFieldGuide(model), x, y, epochs=2, progress=False)
     assert len(history.collapsed) == 2 and 0 <= history.collapsed[-1] <= 1
+
+
+@pytest.mark.parametrize(
+    ("noise", "learned", "collapsed"),
+    [
+        (1.14, True, True),  # ten points of x^2 (below): the noise takes in the functions
+        (0.30, True, False),  # a noise within the targets' spread
+        (1.14, False, False),  # a noise the user fixed is the user's choice
+    ],
+)
+def test_a_learned_noise_wider_than_the_targets_is_collapse_whatever_the_weights(
+    noise, learned, collapsed
+):
+    # 21 % of the weights at their prior and a residual (0.32) near what a neighbour average
+    # of ten points leaves (0.39): neither rule of the weights fires
+    diagnosis = CollapseDiagnosis(0.21, 0.32, 0.39, 0.36, noise=noise, noise_learned=learned)
+    assert diagnosis.collapsed is collapsed
+    if collapsed:
+        assert "is above the targets' own standard deviation 0.36" in diagnosis.message()
+
+
+def test_fit_on_ten_points_whose_noise_outgrows_the_targets_says_so():
+    # y = x^2 on ten points, a 1-32-1 network at fit's defaults: the learned noise ends at
+    # 1.1-2.1 (seeds 0-5) where the targets' std is 0.36, a fifth of the weights at their
+    # prior; nothing warned before
+    pyro.clear_param_store()
+    pyro.set_rng_seed(0)
+    x = torch.linspace(-1, 1, 10).unsqueeze(-1)
+    y = x[:, 0] ** 2
+    model = bbb.BNN(bbb.mlp([1, 32, 1]), bbb.likelihoods.Gaussian(), num_data=10)
+    guide = bbb.MeanFieldGuide(model)
+    with pytest.warns(bbb.PosteriorCollapseWarning, match="above the targets' own standard"):
+        history = bbb.fit(model, guide, x, y, seed=0, progress=False)
+    assert history.collapsed[-1] < 0.5
+    assert float(model.likelihood.noise_scale().detach()) > float(y.std())

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import warnings
+
+import pyro
 import pytest
 import torch
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 import pyro_bbb as bbb
+from pyro_bbb import TargetScaleWarning
 from pyro_bbb.training.minibatches import epoch_order, make_batches
 
 CPU = torch.device("cpu")
@@ -92,3 +96,48 @@ def test_the_likelihood_scale_check_leaves_batchnorm_statistics_and_random_state
     assert torch.equal(torch.get_rng_state(), state)
     for key, value in norm.state_dict().items():
         assert torch.equal(value, before[key]), key
+
+
+def _regression(y: torch.Tensor):
+    pyro.clear_param_store()
+    x = torch.linspace(-3, 3, len(y)).unsqueeze(-1)
+    model = bbb.BNN(bbb.mlp([1, 8, y.shape[1] if y.dim() > 1 else 1]), bbb.likelihoods.Gaussian(),
+                    num_data=len(y))  # fmt: skip
+    return model, bbb.MeanFieldGuide(model), x
+
+
+@pytest.mark.parametrize(
+    ("scale", "shift", "warned"),
+    [(1.0, 0.0, False), (5.0, 3.0, False), (0.2, 0.0, False), (100.0, 0.0, True),
+     (0.01, 0.0, True), (1.0, 100.0, True)],
+)  # fmt: skip
+def test_targets_far_from_unit_scale_are_warned_of_before_training(scale, shift, warned):
+    # measured at fit's defaults (1-32-32-1, 300 points): at scale 0.01 and 1e5, or shifted
+    # by 100, the posterior stayed at the prior; at 100 the error was three times scale 1's
+    y = shift + scale * torch.sin(torch.linspace(-3, 3, 40))
+    model, guide, x = _regression(y)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        bbb.fit(model, guide, x, y, epochs=1, progress=False)
+    found = [w for w in caught if issubclass(w.category, TargetScaleWarning)]
+    assert len(found) == int(warned)
+    if warned:
+        message = str(found[0].message)
+        assert f"standard deviation {float(y.std()):.3g}" in message
+        assert "Standardizer" in message and "unstandardize" in message
+        assert found[0].filename == __file__  # it points at the call of fit
+
+
+def test_the_target_scale_is_read_per_column_from_a_loaders_first_batch_and_never_of_labels():
+    y = torch.stack([torch.randn(40), 50 * torch.randn(40)], -1)
+    model, guide, x = _regression(y)
+    loader = DataLoader(TensorDataset(x, y), batch_size=10)
+    with pytest.warns(TargetScaleWarning, match=r"y \(column 1\) has mean") as caught:
+        bbb.fit(model, guide, loader, epochs=2, progress=False)
+    assert len([w for w in caught if issubclass(w.category, TargetScaleWarning)]) == 1
+    pyro.clear_param_store()
+    labels = torch.randint(0, 3, (40,))
+    classifier = bbb.BNN(bbb.mlp([1, 8, 3]), bbb.likelihoods.Categorical(), num_data=40)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", TargetScaleWarning)
+        bbb.fit(classifier, bbb.MeanFieldGuide(classifier), x, labels, epochs=1, progress=False)
