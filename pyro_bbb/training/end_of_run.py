@@ -60,9 +60,9 @@ def check_collapse(model, guide, history: History, batches: Batches, *, done: bo
     the targets' standard deviation, decides whether to look; the diagnosis then runs the
     predictive on up to 2,048 training points
     (:attr:`~pyro_bbb.infer.collapse.CollapseDiagnosis.collapsed` says what it reads). The
-    noise is judged only where the run is ``done`` (it ended without a convergence warning):
-    a noise still near its initial 1 after a few fixed epochs, or where a budget cut the
-    run, is a fit not done, which that warning says.
+    noise is judged only where the run is ``done`` (it ended by its own rule or converged,
+    not by a callback): a noise still near its initial 1 after a few fixed epochs, where a
+    budget cut the run, or where a callback stopped it, is a fit not done.
     """
     x, y = batches.sample(2048)
     at_prior = bool(history.collapsed) and history.collapsed[-1] >= COLLAPSE_FRACTION

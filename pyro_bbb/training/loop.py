@@ -313,8 +313,9 @@ def fit(
             ``cuda_graph=True`` on a fit whose step cannot be captured (the message says
             why); ``lr=None`` with an optimiser class whose step the rate does not bound.
         FileNotFoundError: If ``resume`` names no file.
-        TypeError: If ``cuda_graph`` is not a bool or ``None``, or ``guide`` cannot be
-            called (an online updater's posterior is its ``.guide``).
+        TypeError: If ``cuda_graph`` is not a bool or ``None``, ``guide`` cannot be called
+            (an online updater's posterior is its ``.guide``), or a ``DataLoader`` does not
+            yield ``(x, y)`` pairs of tensors (dicts, triples).
         FloatingPointError: When the loss becomes NaN or inf, at the end of that epoch (the
             losses are read once an epoch), naming the epoch, the first step whose loss
             was not finite and the sites whose terms were not finite there.
@@ -402,7 +403,7 @@ def fit(
         message = length.warning(history)
         if message is not None:
             warnings.warn(message, ConvergenceWarning, stacklevel=2)
-        check_collapse(model, guide, history, every_row, done=message is None)
+        check_collapse(model, guide, history, every_row, done=message is None and not stop)
     return history
 
 

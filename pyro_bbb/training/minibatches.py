@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -154,7 +154,8 @@ def make_batches(
         steps.
 
     Raises:
-        TypeError: If ``x``/``y`` are neither tensors nor a loader and ``None``.
+        TypeError: If ``x``/``y`` are neither tensors nor a loader and ``None``, or (when
+            its batches are read) the loader does not yield ``(x, y)`` pairs of tensors.
         ValueError: On bad data, or a data set whose size is not the model's ``num_data``.
     """
     num_data = getattr(model, "num_data", None)
@@ -181,7 +182,7 @@ def make_batches(
             if set_epoch is not None:  # a DistributedSampler reshuffles only when told
                 set_epoch(epoch)
             for batch in x:
-                xb, yb = (t.to(device, non_blocking=True) for t in batch)
+                xb, yb = (t.to(device, non_blocking=True) for t in _pair(batch))
                 if not widths:  # the first batch: the targets' scale, from it alone
                     warn_if_targets_unscaled(model, yb)
                 _check_data(model, xb, yb, widths)
@@ -224,6 +225,27 @@ def make_batches(
     batches = _tensor_batches(x[rows.to(device)], y[rows.to(device)], seed=seed, **options)
     batches.every_row = _tensor_batches(x, y, seed=seed, **options)
     return batches
+
+
+def _pair(batch: Any) -> Sequence[torch.Tensor]:
+    """A loader's batch as the ``(x, y)`` pair fit reads, or an error saying what came."""
+    if isinstance(batch, Mapping):
+        raise TypeError(
+            f"the DataLoader yields dicts (keys {list(batch)}), but fit reads (x, y) pairs: "
+            "have the Dataset's __getitem__ return (x, y), or give the DataLoader a "
+            "collate_fn that returns them"
+        )
+    if (
+        not isinstance(batch, Sequence)
+        or len(batch) != 2
+        or not all(isinstance(t, torch.Tensor) for t in batch)
+    ):
+        what = f"{len(batch)} items" if isinstance(batch, Sequence) else type(batch).__name__
+        raise TypeError(
+            f"the DataLoader yields {what} a batch, but fit reads (x, y) pairs of tensors: "
+            "have the Dataset return (x, y) (a TensorDataset(x, y) does)"
+        )
+    return batch
 
 
 def _tensor_batches(

@@ -303,3 +303,20 @@ def test_fit_on_ten_points_whose_noise_outgrows_the_targets_says_so():
         history = bbb.fit(model, guide, x, y, seed=0, progress=False)
     assert history.collapsed[-1] < 0.5
     assert float(model.likelihood.noise_scale().detach()) > float(y.std())
+
+
+def test_a_fit_a_callback_stopped_is_not_judged_by_its_noise():
+    # the ten points above, stopped after five epochs: the noise is still near its initial 1,
+    # a fit not done, not a collapse
+    pyro.clear_param_store()
+    x = torch.linspace(-1, 1, 10).unsqueeze(-1)
+    model = bbb.BNN(bbb.mlp([1, 32, 1]), bbb.likelihoods.Gaussian(), num_data=10)
+
+    class Stop(bbb.Callback):
+        def on_epoch_end(self, epoch, history):
+            return epoch >= 4
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", bbb.PosteriorCollapseWarning)
+        bbb.fit(model, bbb.MeanFieldGuide(model), x, x[:, 0] ** 2, callbacks=[Stop()],
+                progress=False)  # fmt: skip

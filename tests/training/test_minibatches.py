@@ -141,3 +141,20 @@ def test_the_target_scale_is_read_per_column_from_a_loaders_first_batch_and_neve
     with warnings.catch_warnings():
         warnings.simplefilter("error", TargetScaleWarning)
         bbb.fit(classifier, bbb.MeanFieldGuide(classifier), x, labels, epochs=1, progress=False)
+
+
+@pytest.mark.parametrize(
+    ("dataset", "message"),
+    [
+        ([{"x": torch.zeros(2), "y": torch.zeros(())}] * 8, r"yields dicts \(keys \['x', 'y'\]\)"),
+        (TensorDataset(torch.zeros(8, 2), torch.zeros(8), torch.zeros(8)), "yields 3 items a"),
+    ],
+    ids=["dicts", "triples"],
+)
+def test_a_loader_that_does_not_yield_pairs_is_refused_saying_what_it_yields(dataset, message):
+    # before: "'str' object has no attribute 'to'" and "too many values to unpack"
+    pyro.clear_param_store()
+    model = bbb.BNN(bbb.mlp([2, 4, 1]), bbb.likelihoods.Gaussian(), num_data=8)
+    loader = DataLoader(dataset, batch_size=4)
+    with pytest.raises(TypeError, match=message + ".*fit reads \\(x, y\\) pairs"):
+        bbb.fit(model, bbb.MeanFieldGuide(model), loader, epochs=1, progress=False)
