@@ -185,6 +185,12 @@ def test_plot_weight_sigma_and_plot_reliability_take_a_guide_and_a_prediction_as
     prediction = bbb.predict(model, guide, x, num_samples=4, seed=0)
     given = plot_reliability(prediction, y).axes[0].get_title()
     assert given == plot_reliability(prediction.probs, y).axes[0].get_title()
+    regression = bbb.BNN(bbb.mlp([2, 4, 1]), bbb.likelihoods.Gaussian(), num_data=6)
+    regression_guide = bbb.MeanFieldGuide(regression, name="regression")
+    regression_guide(x, y.float())
+    # a regression's prediction failed on "Could not infer dtype of RegressionPrediction"
+    with pytest.raises(TypeError, match=r"a classifier's calibration.*interval_coverage"):
+        plot_reliability(bbb.predict(regression, regression_guide, x, num_samples=4), y)
 
 
 def test_plot_weight_sigma_counts_every_weight_in_its_histogram():

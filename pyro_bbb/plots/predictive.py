@@ -167,9 +167,18 @@ def plot_reliability(
         The figure, with two axes (reliability above, bin counts below).
 
     Raises:
+        TypeError: If ``probs`` is neither probabilities nor a classifier's prediction (a
+            regression's, whose calibration is its intervals' coverage).
         ValueError: As :func:`pyro_bbb.metrics.reliability_curve`.
     """
     probs = getattr(probs, "probs", probs)  # a prediction passed as it is
+    if not isinstance(probs, (torch.Tensor, np.ndarray)):
+        raise TypeError(
+            "plot_reliability draws a classifier's calibration: probs must be class "
+            f"probabilities or a ClassificationPrediction, got {type(probs).__name__}; a "
+            "regression's calibration is its intervals' coverage "
+            "(pyro_bbb.metrics.interval_coverage(*prediction.interval(0.9), y))"
+        )
     probs_t = torch.as_tensor(probs)
     y_t = torch.as_tensor(y)
     curve = metrics.reliability_curve(probs_t, y_t, num_bins=num_bins)
