@@ -13,7 +13,8 @@ training.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+from collections.abc import Iterable, Iterator, Mapping
 
 import pyro.distributions as dist
 import torch
@@ -30,6 +31,7 @@ __all__ = [
     "freeze_parameter",
     "fresh_initial_values",
     "initial_values",
+    "layers_that_run",
 ]
 
 
@@ -182,8 +184,11 @@ class BayesianLayer(PyroModule):
         """The full site name of every Bayesian parameter, cached.
 
         A name depends on where the layer sits in its network, so the cache is keyed by
-        the layer's own Pyro name.
+        the layer's own Pyro name. (Every run of the layer reads them: where
+        :func:`layers_that_run` is listening, the layer is noted here.)
         """
+        if _LISTENING:
+            _LISTENING[-1].append(self)
         prefix = pyro_name(self)
         cached = self._site_name_cache
         if cached[0] != prefix:
@@ -308,7 +313,36 @@ class BayesianAffine(BayesianLayer):
         return f"{type(self.affine).__name__}, weight={shape}, {priors}"
 
 
-def initial_values(model: nn.Module) -> dict[str, torch.Tensor]:
+#: The lists :func:`layers_that_run` is filling, innermost last.
+_LISTENING: list[list[BayesianLayer]] = []
+
+
+@contextlib.contextmanager
+def layers_that_run() -> Iterator[list[BayesianLayer]]:
+    """The Bayesian layers that run inside the block, in the order they first ran.
+
+    A guide of a model function sees its sites but not the layers that draw them (a
+    function has no ``modules()``): its first run of the model, under this block, finds
+    them, so that their initial values (:func:`initial_values`) start its means.
+
+    Yields:
+        A list, filled as the block runs, each layer once.
+    """
+    seen: list[BayesianLayer] = []
+    _LISTENING.append(seen)
+    try:
+        yield seen
+    finally:
+        _LISTENING.pop()
+        unique = list(dict.fromkeys(seen))
+        seen[:] = unique
+
+
+def _layers_of(model: nn.Module | Iterable[nn.Module]) -> Iterable[nn.Module]:
+    return model.modules() if isinstance(model, nn.Module) else model
+
+
+def initial_values(model: nn.Module | Iterable[nn.Module]) -> dict[str, torch.Tensor]:
     """The initial value of every Bayesian parameter, by site name.
 
     These are the values the network had when it was made Bayesian (its own initialisation
@@ -316,13 +350,15 @@ def initial_values(model: nn.Module) -> dict[str, torch.Tensor]:
     posterior (:func:`~pyro_bbb.priors.from_guide`), the posterior mean instead.
 
     Args:
-        model: A network from :func:`bayesianize`/:func:`mlp`, or a model containing one.
+        model: A network from :func:`bayesianize`/:func:`mlp`, or a model containing one; or
+            the Bayesian layers themselves (those a model function ran,
+            :func:`layers_that_run`).
 
     Returns:
         ``{site name: tensor of the parameter's shape}``, on the model's device.
     """
     values = {}
-    for module in model.modules():
+    for module in _layers_of(model):
         if isinstance(module, BayesianLayer):
             for param in module.bayesian_parameters:
                 site = site_name(module, param)
@@ -334,7 +370,7 @@ def initial_values(model: nn.Module) -> dict[str, torch.Tensor]:
     return values
 
 
-def fresh_initial_values(model: nn.Module) -> dict[str, torch.Tensor]:
+def fresh_initial_values(model: nn.Module | Iterable[nn.Module]) -> dict[str, torch.Tensor]:
     r"""A new draw of torch's default initialisation of every Bayesian affine layer's parameters.
 
     ``nn.Linear`` and every ``ConvNd``/``ConvTransposeNd`` start their weight and bias from
@@ -347,13 +383,14 @@ def fresh_initial_values(model: nn.Module) -> dict[str, torch.Tensor]:
     :func:`initial_values`.
 
     Args:
-        model: A network from :func:`bayesianize`/:func:`mlp`, or a model containing one.
+        model: A network from :func:`bayesianize`/:func:`mlp`, or a model containing one; or
+            the Bayesian layers themselves.
 
     Returns:
         ``{site name: tensor of the parameter's shape}``, on the parameter's device and dtype.
     """
     values = {}
-    for module in model.modules():
+    for module in _layers_of(model):
         if isinstance(module, BayesianAffine):
             for param in module.bayesian_parameters:
                 bound = 1.0 / module.fan_in[param] ** 0.5

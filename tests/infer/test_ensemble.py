@@ -289,13 +289,52 @@ def _function_model():
 
 def test_an_ensemble_of_a_model_function_asks_its_plate_depth_and_its_members_start_apart():
     # before: "max_plate_nesting must be an int >= 0, got None", then with it given,
-    # "'function' object has no attribute 'modules'" at the members' first means
+    # "'function' object has no attribute 'modules'" at the members' first means; the
+    # layers the function ran are found, so the members start as a BNN's do
     pyro.clear_param_store()
     model = _function_model()
     x, y = torch.randn(40, 2), torch.randn(40)
     with pytest.raises(ValueError, match=r"declares no max_plate_nesting.*pass max_plate_nes"):
         Ensemble(model, MeanFieldGuide, k=3)
     ensemble = Ensemble(model, MeanFieldGuide, k=3, max_plate_nesting=1)
+    ensemble(x, y)
+    locs = ensemble.marginals()["0.weight"][0].detach()
+    assert locs.abs().max() <= 1 / math.sqrt(2)  # torch's init of a Linear(2, 6)
+    flat = locs.reshape(3, -1)
+    assert (torch.cdist(flat, flat) + torch.eye(3)).min() > 0.1
     bbb.fit(model, ensemble, x, y, epochs=2, batch_size=20, progress=False)
-    locs = ensemble.marginals()["0.weight"][0].detach().reshape(3, -1)
-    assert (torch.cdist(locs, locs) + torch.eye(3)).min() > 0.5  # prior draws, far apart
+
+
+def test_a_guide_of_a_model_function_starts_at_the_networks_own_weights():
+    # a guide sees a function's sites, not its layers: they are found on its first run of
+    # the model (before, its means started at draws from the N(0, 1) priors)
+    pyro.clear_param_store()
+    net = bbb.bayesianize(torch.nn.Sequential(torch.nn.Linear(3, 5), torch.nn.Tanh(),
+                                              torch.nn.Linear(5, 1)))  # fmt: skip
+
+    def model(x, y=None):
+        loc = net(x).squeeze(-1)  # the weights outside the data plate
+        with pyro.plate("data", len(x)):
+            return pyro.sample("obs", dist.Normal(loc, 0.1), obs=y)
+
+    guide = MeanFieldGuide(model)
+    guide(torch.randn(4, 3), torch.randn(4))
+    means = {name: loc for name, (loc, _) in guide.marginals().items()}
+    expected = bbb.nn.initial_values(net)
+    assert set(means) == set(expected)
+    for name, value in expected.items():
+        torch.testing.assert_close(means[name].detach(), value)
+
+
+def test_layers_that_run_lists_each_layer_once_in_the_order_they_first_ran():
+    from pyro_bbb.nn.layers import layers_that_run
+
+    net = bbb.bayesianize(torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.Linear(3, 1)))
+    with layers_that_run() as outer:
+        net(torch.randn(4, 2))
+        with layers_that_run() as inner:
+            net[1](torch.randn(4, 3))
+        net(torch.randn(4, 2))
+    assert outer == [net[0], net[1]] and inner == [net[1]]
+    net(torch.randn(4, 2))  # nothing listens: nothing noted
+    assert len(outer) == 2

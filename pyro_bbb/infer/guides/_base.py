@@ -30,7 +30,7 @@ from pyro.infer.autoguide import AutoGuide
 
 from ..._pyro_compat import join_name, pyro_name, set_pyro_name
 from ..._random_state import seeded
-from ...nn import fresh_initial_values
+from ...nn.layers import fresh_initial_values, initial_values, layers_that_run
 from ._init import InitLoc, global_latent_sites, initial_locs
 from ._params import taking_fitted
 
@@ -126,34 +126,38 @@ class SiteGuide(AutoGuide):
         return roles
 
     def _setup_prototype(self, *args, **kwargs) -> None:
-        super()._setup_prototype(*args, **kwargs)
+        with layers_that_run() as layers:  # a model function's, which it has no other way to
+            super()._setup_prototype(*args, **kwargs)  # show: their initial values start us
         sites = global_latent_sites(self.prototype_trace, type(self).__name__, self.model)
-        locs = initial_locs(self.model, sites, self._init_loc)
+        network = self.model if isinstance(self.model, torch.nn.Module) else layers
+        locs = initial_locs(self.model, sites, self._init_loc, network=network)
         if self.member_shape:
-            locs = self._member_locs(locs, sites)
+            locs = self._member_locs(locs, sites, network)
         with taking_fitted(type(self).__name__, pyro_name(self)):  # warns if it takes a fit's
             self._build(sites, locs)
 
     def _member_locs(
-        self, locs: dict[str, torch.Tensor], sites: dict[str, dict]
+        self,
+        locs: dict[str, torch.Tensor],
+        sites: dict[str, dict],
+        network: torch.nn.Module | list[torch.nn.Module],
     ) -> dict[str, torch.Tensor]:
         """Initial means of ``K`` members, ``{site: (*member_shape, *site shape)}``.
 
         Member 0 starts where a single guide would; the others from fresh draws of torch's
-        default initialisation of each affine layer (:func:`~pyro_bbb.nn.fresh_initial_values`).
-        A site outside the affine layers starts at the same value in every member. A model
-        that is not a module (a model function, whose layers a guide does not see) starts
-        every site at a draw from its prior, member 0 at its prototype draw as a single
-        guide does, the others at fresh ones.
+        default initialisation of each affine layer (:func:`~pyro_bbb.nn.fresh_initial_values`)
+        of ``network`` (the model, or the layers a model function ran). A site outside the
+        affine layers starts at the same value in every member; in a model function, where
+        it starts at its prototype draw, the other members start at fresh draws of its prior.
         """
         count = self.member_shape[0]
-        if isinstance(self.model, torch.nn.Module):
-            fresh = [fresh_initial_values(self.model) for _ in range(count - 1)]
-        else:
-            fresh = [
-                {name: site["fn"].sample().detach() for name, site in sites.items()}
-                for _ in range(count - 1)
-            ]
+        fresh = [fresh_initial_values(network) for _ in range(count - 1)]
+        if not isinstance(self.model, torch.nn.Module):
+            known = initial_values(network)
+            for draw in fresh:
+                for name, site in sites.items():
+                    if name not in draw and name not in known:
+                        draw[name] = site["fn"].sample().detach()
         draws = [locs, *fresh]
         return {
             name: torch.stack([draw.get(name, loc).to(loc) for draw in draws]).reshape(

@@ -13,7 +13,7 @@ guide.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 import torch
 import torch.nn.functional as F
@@ -82,7 +82,11 @@ def global_latent_sites(trace: Trace, guide_name: str, model: object = None) -> 
 
 
 def initial_locs(
-    model: nn.Module | object, sites: Mapping[str, dict], init_loc: InitLoc
+    model: nn.Module | object,
+    sites: Mapping[str, dict],
+    init_loc: InitLoc,
+    *,
+    network: nn.Module | Iterable[nn.Module] | None = None,
 ) -> dict[str, torch.Tensor]:
     """Resolve the initial mean of every latent site.
 
@@ -95,6 +99,9 @@ def initial_locs(
             pretrained ``nn.Module`` whose ``named_parameters()`` names match the site
             names, or a mapping from site names to tensors (unnamed sites keep the
             default).
+        network: Where the initial values are read: ``None`` for ``model`` itself where it
+            is a module (none otherwise), or the Bayesian layers a model function ran
+            (:func:`~pyro_bbb.nn.layers.layers_that_run`).
 
     Returns:
         ``{site name: tensor}`` with each site's shape, device and dtype.
@@ -103,7 +110,9 @@ def initial_locs(
         ValueError: On an unknown site name, a shape mismatch, or a pretrained module
             missing a site.
     """
-    defaults = initial_values(model) if isinstance(model, nn.Module) else {}
+    if network is None:
+        network = model if isinstance(model, nn.Module) else ()
+    defaults = initial_values(network)
     if init_loc is None:
         source: Mapping[str, torch.Tensor] = defaults
     elif isinstance(init_loc, AutoGuide):  # a fitted guide (an online filter's belief too)
