@@ -43,10 +43,11 @@ from .._random_state import kept_random_state
 from .._support import independent_base
 from ..nn.draws import kept_buffers
 from ..nn.layers import BayesianLayer
+from ..nn.training_mode import in_evaluation_mode
 from ..priors.gaussian_block import SiteConditional
 from ..priors.precision_block import PrecisionSiteConditional
 from .guides._base import SiteGuide
-from .predictive import RegressionPrediction, TrainingModeWarning, predict
+from .predictive import RegressionPrediction, predict
 from .sites import is_real_valued, prior_trace
 
 __all__ = [
@@ -413,9 +414,8 @@ def diagnose_collapse(
         return None
     fraction = _fraction(kls.values())
     buffers = kept_buffers(model) if isinstance(model, torch.nn.Module) else nullcontext()
-    # a diagnosis leaves the network as it was, a BatchNorm's statistics too, in either mode
-    with kept_random_state(x), buffers, warnings.catch_warnings():
-        warnings.simplefilter("ignore", TrainingModeWarning)
+    # in evaluation mode (running statistics), leaving the network, its modes and buffers
+    with kept_random_state(x), buffers, in_evaluation_mode(model):
         try:
             pred = predict(model, guide, x, num_samples=num_samples, seed=seed)
         except NotImplementedError:

@@ -4,14 +4,24 @@ In training mode dropout draws new masks at every call and batch or instance nor
 uses (and updates) the batch's statistics, so the network's output is random or depends on
 the rest of the batch. What samples or linearises the network as one function of its weights
 (NUTS's potential, the online filters) refuses it in that mode, naming the module by
-:func:`module_in_training_mode`. Nothing here changes a network's mode.
+:func:`module_in_training_mode`. What scores a fit as it goes (the held-out rows, the
+collapse check) runs it in evaluation mode for the while, :func:`in_evaluation_mode`, and
+gives every module its mode back.
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 from torch import nn
 
-__all__ = ["batch_norm_in_training_mode", "module_class_name", "module_in_training_mode"]
+__all__ = [
+    "batch_norm_in_training_mode",
+    "in_evaluation_mode",
+    "module_class_name",
+    "module_in_training_mode",
+]
 
 #: Modules whose forward depends on training mode: random (dropout) or on the batch.
 _TRAINING_MODE = (
@@ -56,3 +66,24 @@ def batch_norm_in_training_mode(model: nn.Module) -> str | None:
         if module.training and isinstance(module, nn.modules.batchnorm._BatchNorm):
             return f"{name!r} ({module_class_name(module)})"
     return None
+
+
+@contextlib.contextmanager
+def in_evaluation_mode(model: object) -> Iterator[None]:
+    """Run ``model`` in evaluation mode inside the block, then give each module its mode back.
+
+    A validation pass, as Keras' ``fit(validation_data=...)`` and Lightning's validation
+    loop run it: dropout off, batch normalisation by its running statistics, so a score is
+    a function of the weights alone and does not depend on how its rows are split. A model
+    that is not a module (a model function) is left as it is.
+    """
+    if not isinstance(model, nn.Module):
+        yield
+        return
+    modes = [(module, module.training) for module in model.modules()]
+    model.eval()
+    try:
+        yield
+    finally:
+        for module, training in modes:
+            module.training = training

@@ -273,7 +273,8 @@ def fit(
         validation: What an automatic run's full-rate stage reads: ``None`` (the default)
             the fit to a fixed sample of the training rows; a fraction in (0, 0.5] of the
             rows (tensor data of a :class:`~pyro_bbb.BNN`) held out of the steps and scored
-            by their log predictive density, then given back for the decay, so the
+            by their log predictive density (in evaluation mode, as a validation pass),
+            then given back for the decay, so the
             returned guide has seen every row; or a pair ``(x_val, y_val)`` of your own,
             scored the same way (nothing held out; the only kind a ``DataLoader`` takes).
             A fraction that holds out fewer than 10 rows holds none, with a warning. Only

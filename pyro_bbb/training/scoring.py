@@ -18,9 +18,12 @@ of the stage's recent iterates (:class:`IterateAverage`), never of the last iter
 Each score takes the same draws every time (common random numbers: two scores differ
 by what training changed, not by Monte Carlo noise), from a generator of its own, so the
 fit's random stream is untouched and the network's buffers (BatchNorm's running statistics)
-are left as they were. At a constant rate the parameters wander about where the steps lead
-them; the average follows the progress and not the wander, so the scores are smooth enough
-to decide on after a few readings. Nothing here trains.
+are left as they were. The held-out rows are scored as a validation pass is
+(:func:`~pyro_bbb.nn.training_mode.in_evaluation_mode`: dropout off, batch normalisation by
+its running statistics, every module's mode given back), so that their score is a function
+of the weights and not of how the rows are split. At a constant rate the parameters wander
+about where the steps lead them; the average follows the progress and not the wander, so
+the scores are smooth enough to decide on after a few readings. Nothing here trains.
 
 The full-rate stage also keeps its best-scoring average (:meth:`IterateAverage.keep_if_best`:
 by the held-out score where rows are held out, else by the β = 1 ELBO on the training sample,
@@ -35,7 +38,6 @@ otherwise start from the fallen iterate (early stopping's best weights, as Keras
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from typing import Any
@@ -44,9 +46,10 @@ import torch
 
 from .._random_state import seeded
 from ..infer.elbo import AnnealedELBO
-from ..infer.predictive import TrainingModeWarning, predict
+from ..infer.predictive import predict
 from ..infer.reparam import estimator
 from ..nn.draws import kept_buffers
+from ..nn.training_mode import in_evaluation_mode
 from .history import History
 
 __all__ = [
@@ -246,9 +249,8 @@ class HeldOutScore:
 
     def __call__(self, model: Callable[..., Any], guide: Callable[..., Any]) -> float:
         """The score of ``model`` and ``guide`` as they are now; ``-inf`` if not finite."""
-        with _apart(model, self.seed, self.x, guide), warnings.catch_warnings():
-            # the score runs in the network's own mode and leaves its statistics as they were
-            warnings.simplefilter("ignore", TrainingModeWarning)
+        # a validation pass: dropout off, batch normalisation by its running statistics
+        with _apart(model, self.seed, self.x, guide), in_evaluation_mode(model):
             prediction = predict(model, guide, self.x, num_samples=SCORE_SAMPLES, batch_size=_CHUNK)
             value = prediction.log_likelihood(self.y)
         return value if math.isfinite(value) else -math.inf

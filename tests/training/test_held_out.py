@@ -133,3 +133,31 @@ def test_history_held_out_is_documented_as_counting_a_validation_pair_s_rows_too
     # attribute's docstring must say so, not "rows held out ... 0 when none"
     section = bbb.History.__doc__.split("held_out:")[1].split("stopped:")[0]
     assert "(x_val, y_val)" in section and "nothing held out then" in section
+
+
+def test_held_out_rows_are_scored_in_evaluation_mode_and_the_network_keeps_its_modes(
+    monkeypatch,
+):
+    # a validation pass, as Keras' and Lightning's: before, the score ran a BatchNorm in
+    # training mode, so it normalised each chunk of rows by the chunk's own statistics and
+    # changed with how the rows were split
+    from pyro_bbb.training import scoring
+
+    torch.manual_seed(0)
+    nn = torch.nn
+    net = nn.Sequential(
+        nn.Linear(2, 8), nn.BatchNorm1d(8), nn.Dropout(0.3), nn.ReLU(), nn.Linear(8, 1)
+    )
+    model = bbb.BNN(bbb.bayesianize(net), bbb.likelihoods.Gaussian(scale=0.1), num_data=40)
+    guide = bbb.MeanFieldGuide(model)
+    x, y = torch.randn(40, 2), torch.randn(40)
+    guide(x, y)
+    model.train()
+    score = scoring.HeldOutScore(x, y, seed=0)
+    whole = score(model, guide)
+    assert all(module.training for module in model.modules())  # given back
+    monkeypatch.setattr(scoring, "_CHUNK", 7)
+    assert score(model, guide) == pytest.approx(whole, abs=1e-5)  # rows split otherwise
+    model.eval()
+    assert score(model, guide) == pytest.approx(whole, abs=1e-5)  # what eval() gives
+    assert not any(module.training for module in model.modules())
