@@ -28,7 +28,7 @@ from .._support import independent_base
 from .._validation import check_int
 from ..infer import DeltaGuide, Ensemble, MeanFieldGuide
 from ..infer.mcmc import NUTSResult, replay_nuts
-from ..infer.sites import model_in_plates, prior_trace
+from ..infer.sites import model_in_plates, prior_latent_sites
 from ..infer.slices import SLICE_BYTES, ModelReplay, Undrawn, draws_per_slice
 from .selection import site_dims
 
@@ -97,14 +97,9 @@ def model_sites(
     """
     if isinstance(posterior, NUTSResult):
         return {k: (v.shape[2:], v.dtype) for k, v in posterior.samples.items()}
-    observed = getattr(model, "observation_site", "obs")
     return {
         name: (site["value"].shape, site["value"].dtype)
-        for name, site in prior_trace(model, x[:2]).iter_stochastic_nodes()
-        if name != observed
-        and not site["is_observed"]
-        and not site["cond_indep_stack"]
-        and not site_is_subsample(site)
+        for name, site in prior_latent_sites(model, x[:2]).items()
     }
 
 

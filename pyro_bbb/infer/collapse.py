@@ -48,7 +48,7 @@ from ..priors.gaussian_block import SiteConditional
 from ..priors.precision_block import PrecisionSiteConditional
 from .guides._base import SiteGuide
 from .predictive import RegressionPrediction, predict
-from .sites import is_real_valued, prior_trace
+from .sites import is_real_valued, prior_latent_sites
 
 __all__ = [
     "FRACTION_THRESHOLD",
@@ -92,19 +92,6 @@ def _marginals(guide) -> dict[str, tuple[torch.Tensor, torch.Tensor]] | None:
     if getattr(guide, "is_set_up", False) and callable(getattr(guide, "marginals", None)):
         return guide.marginals()  # an online filter's belief (its marginals in closed form)
     return None
-
-
-def _priors(model, *data: torch.Tensor) -> dict[str, dict]:
-    """The model's global latent sites, from one trace drawing from the prior.
-
-    ``data`` are the model's arguments (``x`` or ``x, y``), a minibatch (BatchNorm needs
-    more than one row); the model's buffers and the random states are left as they were.
-    """
-    return {
-        name: site
-        for name, site in prior_trace(model, *data).iter_stochastic_nodes()
-        if not site["is_observed"] and not site["cond_indep_stack"]
-    }
 
 
 def _gaussian_marginals(prior, shape: torch.Size) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -171,7 +158,7 @@ def weight_kl(
     marginals = _marginals(guide)
     if marginals is None:
         return None
-    sites = _priors(model, x) if y is None else _priors(model, x, y)
+    sites = prior_latent_sites(model, x) if y is None else prior_latent_sites(model, x, y)
     kls = {}
     for name, (loc, scale) in marginals.items():
         site = sites.get(name)
@@ -211,7 +198,7 @@ class CollapseMonitor:
         self._model, self._guide, self._data = model, guide, list(data)
         self._fixed_priors = _priors_are_fixed(model)
         marginals = _marginals(guide)
-        self._sites = _priors(model, *self._data) if marginals is not None else {}
+        self._sites = prior_latent_sites(model, *self._data) if marginals is not None else {}
         self._names = [
             name
             for name in (marginals or {})
@@ -242,7 +229,9 @@ class CollapseMonitor:
         if marginals is None or not self._names:
             return math.nan
         if self._flat_prior is None:
-            sites = self._sites if self._fixed_priors else _priors(self._model, *self._data)
+            sites = (
+                self._sites if self._fixed_priors else prior_latent_sites(self._model, *self._data)
+            )
             return _fraction(
                 _elementwise_kl(*marginals[name], sites[name]["fn"]) for name in self._names
             )

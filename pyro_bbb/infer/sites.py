@@ -20,6 +20,7 @@ from typing import Any
 import pyro.distributions as dist
 import pyro.poutine as poutine
 import torch
+from pyro.poutine.util import site_is_subsample
 
 from .._plates import model_in_plates
 from .._random_state import kept_random_state
@@ -33,6 +34,7 @@ __all__ = [
     "is_point_mass",
     "is_real_valued",
     "model_in_plates",
+    "prior_latent_sites",
     "prior_trace",
 ]
 
@@ -71,3 +73,24 @@ def prior_trace(model: Callable[..., Any], *data: torch.Tensor) -> poutine.Trace
     buffers = kept_buffers(model) if isinstance(model, torch.nn.Module) else nullcontext()
     with kept_random_state(*data), torch.no_grad(), poutine.block(), buffers:
         return poutine.trace(model).get_trace(*data)
+
+
+def prior_latent_sites(model: Callable[..., Any], *data: torch.Tensor) -> dict[str, dict]:
+    """The model's global latent sites, from one :func:`prior_trace`: ``{name: site}``.
+
+    In the model's order, the sites outside every plate that are neither observed nor a
+    plate's subsample: the weights (and a sampled noise scale), what a guide approximates.
+
+    Args:
+        model: The model, e.g. a :class:`~pyro_bbb.BNN`.
+        data: Its arguments (``x``, or ``x, y``), a few rows.
+    """
+    observed = getattr(model, "observation_site", "obs")
+    return {
+        name: site
+        for name, site in prior_trace(model, *data).iter_stochastic_nodes()
+        if name != observed
+        and not site["is_observed"]
+        and not site["cond_indep_stack"]
+        and not site_is_subsample(site)
+    }
