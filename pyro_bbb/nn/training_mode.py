@@ -49,10 +49,7 @@ def module_in_training_mode(model: nn.Module) -> str | None:
     """
     if not isinstance(model, nn.Module):
         return None
-    for name, module in model.named_modules():
-        if module.training and isinstance(module, _TRAINING_MODE):
-            return f"{name!r} ({module_class_name(module)})"
-    return None
+    return _first_in_training_mode(model, _TRAINING_MODE)
 
 
 def batch_norm_in_training_mode(model: nn.Module) -> str | None:
@@ -62,8 +59,13 @@ def batch_norm_in_training_mode(model: nn.Module) -> str | None:
     running ones in place: what a prediction gives then depends on the rows it is computed
     with, and the prediction changes the network.
     """
+    return _first_in_training_mode(model, nn.modules.batchnorm._BatchNorm)
+
+
+def _first_in_training_mode(model: nn.Module, kinds: type | tuple[type, ...]) -> str | None:
+    """The first module of ``kinds`` in training mode, as ``'name' (Class)``, or ``None``."""
     for name, module in model.named_modules():
-        if module.training and isinstance(module, nn.modules.batchnorm._BatchNorm):
+        if module.training and isinstance(module, kinds):
             return f"{name!r} ({module_class_name(module)})"
     return None
 
