@@ -90,7 +90,10 @@ class NetCDFExport:
     def variable(
         self, group: str, name: str, dims: Sequence[str], shape: Sequence[int], dtype: Any
     ) -> Any:
-        """A new variable of ``group``, its dims (with their coordinates) made where new."""
+        """A new variable of ``group``, its dims (with their coordinates) made where new.
+
+        A boolean one is stored as xarray stores it (:func:`_stored`).
+        """
         if group not in self._file.groups:
             self._file.create_group(group).attrs.update(self.attrs)
         handle = self._file.groups[group]
@@ -102,16 +105,15 @@ class NetCDFExport:
             handle.create_variable(
                 dim, (dim,), data=np.arange(size) if labels is None else np.asarray(labels)
             )
-        return handle.create_variable(name, tuple(dims), dtype=dtype)
-
-    def write(self, group: str, name: str, values: np.ndarray, dims: Sequence[str]) -> None:
-        """Write a whole variable (booleans as xarray writes them)."""
-        boolean = values.dtype == np.bool_
-        stored = values.astype(np.int8) if boolean else values
-        variable = self.variable(group, name, dims, values.shape, stored.dtype)
-        variable[...] = stored
+        boolean = np.dtype(dtype) == np.bool_
+        variable = handle.create_variable(name, tuple(dims), dtype=np.int8 if boolean else dtype)
         if boolean:
             variable.attrs["dtype"] = "bool"
+        return variable
+
+    def write(self, group: str, name: str, values: np.ndarray, dims: Sequence[str]) -> None:
+        """Write a whole variable."""
+        self.variable(group, name, dims, values.shape, values.dtype)[...] = _stored(values)
 
     def close(self) -> None:
         """Finish the file and put it in ``path``'s place."""
@@ -141,14 +143,16 @@ class _FileSink:
         self.variable: Any = None
 
     def add(self, start: int, part: torch.Tensor) -> None:
-        boolean = part.dtype == torch.bool
-        if self.variable is None:
-            dtype = np.int8 if boolean else torch.empty((), dtype=part.dtype).numpy().dtype
-            self.variable = self.export.variable(
-                self.group, self.name, CHAIN_DRAW + self.dims, self.layout.shape_of(part), dtype
-            )
-            if boolean:
-                self.variable.attrs["dtype"] = "bool"
         for chain, draws, values in self.layout.pieces(start, part):
-            stored = values.to(torch.int8) if boolean else values
-            self.variable[chain, draws] = stored.detach().cpu().numpy()
+            array = values.detach().cpu().numpy()
+            if self.variable is None:
+                self.variable = self.export.variable(
+                    self.group, self.name, CHAIN_DRAW + self.dims, self.layout.shape_of(part),
+                    array.dtype,
+                )  # fmt: skip
+            self.variable[chain, draws] = _stored(array)
+
+
+def _stored(values: np.ndarray) -> np.ndarray:
+    """Values as the file holds them: booleans as ``int8``, as xarray stores them."""
+    return values.astype(np.int8) if values.dtype == np.bool_ else values
