@@ -60,6 +60,7 @@ __all__ = [
     "PosteriorCollapseWarning",
     "diagnose_collapse",
     "neighbour_residual",
+    "target_spread",
     "warn_if_collapsed",
     "weight_kl",
 ]
@@ -412,7 +413,7 @@ def diagnose_collapse(
     if isinstance(pred, RegressionPrediction):
         y = y.to(pred.mean.dtype)
         residual = (y - pred.mean).pow(2).mean().sqrt().item()
-        baseline = (y - y.mean(0)).pow(2).mean().sqrt().item()
+        baseline = target_spread(y)
         reference = neighbour_residual(x, y)
         likelihood = getattr(model, "likelihood", None)
         learned = getattr(likelihood, "learned", False) or getattr(
@@ -428,6 +429,11 @@ def diagnose_collapse(
     baseline = 1 - torch.bincount(labels).max().item() / len(labels)
     reference = neighbour_residual(x, labels)
     return CollapseDiagnosis(fraction, residual, reference, baseline, None)
+
+
+def target_spread(y: torch.Tensor) -> float:
+    """The targets' standard deviation (every column's together): what a constant leaves."""
+    return (y - y.mean(0)).pow(2).mean().sqrt().item()
 
 
 def _noise(pred: RegressionPrediction) -> float:

@@ -12,7 +12,7 @@ from contextlib import suppress
 import torch
 
 from ..infer.collapse import FRACTION_THRESHOLD as COLLAPSE_FRACTION
-from ..infer.collapse import diagnose_collapse, warn_if_collapsed
+from ..infer.collapse import diagnose_collapse, target_spread, warn_if_collapsed
 from .continuation import FitEnd
 from .history import History
 from .minibatches import Batches
@@ -78,5 +78,4 @@ def _noise_above_targets(model, y: torch.Tensor) -> bool:
     likelihood = getattr(model, "likelihood", None)
     if not getattr(likelihood, "learned", False) or not y.is_floating_point() or len(y) < 2:
         return False
-    spread = (y - y.mean(0)).pow(2).mean().sqrt()
-    return bool(likelihood.noise_scale().detach().mean() > spread)
+    return likelihood.noise_scale().detach().mean().item() > target_spread(y)
